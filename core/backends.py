@@ -1,0 +1,288 @@
+"""Memory backends: one object per kind of device, all behind one small interface.
+
+A backend adds its readings to a dict of ``"<device>/<metric>" -> bytes``. Backends read
+counters only: no device synchronisation, no allocation on a device, no gc, no peak reset
+of their own accord. The accelerator backends stay silent until the script itself has
+initialised the device, so that monitoring never creates a CUDA context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import psutil
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a metric name means, for labels and tooltips."""
+
+    label: str
+    tooltip: str
+
+
+METRICS: dict[str, Metric] = {
+    "allocated": Metric(
+        "allocated",
+        "Bytes held by live tensors, as PyTorch's caching allocator counts them "
+        "(memory_allocated). Rounded up to the allocator's block sizes.",
+    ),
+    "reserved": Metric(
+        "reserved",
+        "Bytes the caching allocator holds from the device: allocated plus its cache "
+        "(memory_reserved). empty_cache() returns the unused part to the device.",
+    ),
+    "peak_allocated": Metric(
+        "peak allocated",
+        "Highest 'allocated' since the process started or since the last peak reset "
+        "(max_memory_allocated).",
+    ),
+    "nvml_used": Metric(
+        "NVML process",
+        "GPU memory the driver charges to this process (what nvidia-smi shows). It includes "
+        "the CUDA context, the allocator's cache and NCCL buffers, so it exceeds 'reserved'.",
+    ),
+    "rss": Metric(
+        "process RSS",
+        "Resident set size of the process: its pages in RAM, shared libraries included "
+        "(CPU tensors live here; there is no PyTorch counter of CPU tensor bytes).",
+    ),
+    "uss": Metric(
+        "process USS",
+        "Unique set size: RAM that would be freed if the process exited (no shared pages). "
+        "Read at most every 2 s because it is costly.",
+    ),
+    "available": Metric(
+        "system available",
+        "RAM the operating system can still give to processes without swapping.",
+    ),
+}
+
+
+def series_key(device: str, metric: str) -> str:
+    """The key of one series, e.g. ``cuda:0/allocated``."""
+    return f"{device}/{metric}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """Inverse of :func:`series_key`."""
+    device, _, metric = key.rpartition("/")
+    return device, metric
+
+
+def series_label(key: str) -> str:
+    """A readable label for a series key, e.g. ``cuda:0 allocated``."""
+    device, metric = split_key(key)
+    info = METRICS.get(metric)
+    label = info.label if info else metric
+    if device in ("cpu", "system"):
+        return label
+    return f"{device} {label}"
+
+
+class MemoryBackend:
+    """Reads the memory counters of one kind of device; the base reads nothing."""
+
+    #: Device kind, e.g. ``"cpu"``, ``"cuda"``.
+    kind: str = "none"
+    #: True for devices with their own memory (gets empty_cache and peak resets).
+    is_accelerator: bool = False
+
+    def read(self, out: dict[str, float]) -> None:
+        """Add this backend's current readings to ``out``."""
+
+    def capacity(self) -> dict[str, int]:
+        """Total memory per device name, where known."""
+        return {}
+
+    def empty_cache(self) -> None:
+        """Return cached, unused memory to the device (accelerators only)."""
+
+    def reset_peaks(self) -> None:
+        """Start new peak figures from now (accelerators only)."""
+
+
+class ProcessBackend(MemoryBackend):
+    """Host memory: process RSS, USS (at most every ``uss_every_s``), system available."""
+
+    kind = "cpu"
+
+    def __init__(self, pid: int | None = None, uss_every_s: float = 2.0) -> None:
+        self.process = psutil.Process(pid or os.getpid())
+        self.uss_every_s = uss_every_s
+        self._next_uss = 0.0
+        self._uss_ok = True
+
+    def read(self, out: dict[str, float]) -> None:
+        out["cpu/rss"] = float(self.process.memory_info().rss)
+        now = time.monotonic()
+        if self._uss_ok and now >= self._next_uss:
+            self._next_uss = now + self.uss_every_s
+            try:
+                out["cpu/uss"] = float(self.process.memory_full_info().uss)
+            except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                self._uss_ok = False
+        out["system/available"] = float(psutil.virtual_memory().available)
+
+    def capacity(self) -> dict[str, int]:
+        return {"cpu": int(psutil.virtual_memory().total)}
+
+
+class TorchAllocatorBackend(MemoryBackend):
+    """CUDA or XPU through PyTorch's caching-allocator counters (``torch.cuda``-like API).
+
+    ``module`` is ``torch.cuda`` or ``torch.xpu``; tests pass a stub with the same
+    functions. Devices appear once the script has initialised the runtime.
+    """
+
+    is_accelerator = True
+
+    def __init__(self, module: Any, kind: str) -> None:
+        self.module = module
+        self.kind = kind
+        self._capacity: dict[str, int] = {}
+
+    def _active_devices(self) -> list[int]:
+        m = self.module
+        if not m.is_initialized():
+            return []
+        current = m.current_device()
+        return [i for i in range(m.device_count()) if i == current or m.memory_reserved(i) > 0]
+
+    def read(self, out: dict[str, float]) -> None:
+        m = self.module
+        for i in self._active_devices():
+            dev = f"{self.kind}:{i}"
+            out[f"{dev}/allocated"] = float(m.memory_allocated(i))
+            out[f"{dev}/reserved"] = float(m.memory_reserved(i))
+            out[f"{dev}/peak_allocated"] = float(m.max_memory_allocated(i))
+
+    def capacity(self) -> dict[str, int]:
+        for i in self._active_devices():
+            dev = f"{self.kind}:{i}"
+            if dev not in self._capacity:
+                self._capacity[dev] = int(self.module.get_device_properties(i).total_memory)
+        return dict(self._capacity)
+
+    def empty_cache(self) -> None:
+        if self.module.is_initialized():
+            self.module.empty_cache()
+
+    def reset_peaks(self) -> None:
+        for i in self._active_devices():
+            self.module.reset_peak_memory_stats(i)
+
+
+class MpsBackend(MemoryBackend):
+    """Apple MPS: allocated by tensors and allocated by the Metal driver."""
+
+    kind = "mps"
+    is_accelerator = True
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def read(self, out: dict[str, float]) -> None:
+        out["mps/allocated"] = float(self.module.current_allocated_memory())
+        out["mps/reserved"] = float(self.module.driver_allocated_memory())
+
+    def capacity(self) -> dict[str, int]:
+        try:
+            return {"mps": int(self.module.recommended_max_memory())}
+        except (AttributeError, RuntimeError):
+            return {}
+
+    def empty_cache(self) -> None:
+        self.module.empty_cache()
+
+
+class NvmlBackend(MemoryBackend):
+    """Per-process GPU memory as the NVIDIA driver reports it (nvidia-smi's figure).
+
+    Used only when an NVIDIA driver answers. Inside containers NVML lists host PIDs, so
+    the process may not be found: then this backend reports nothing rather than a guess.
+    """
+
+    kind = "nvml"
+
+    def __init__(self, nvml: ModuleType, pid: int | None = None, every_s: float = 0.5) -> None:
+        self.nvml = nvml
+        self.pid = pid or os.getpid()
+        self.every_s = every_s
+        self._next = 0.0
+        self._last: dict[str, float] = {}
+        count = nvml.nvmlDeviceGetCount()
+        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self._names = [self._device_name(i, h) for i, h in enumerate(self._handles)]
+
+    def _device_name(self, index: int, handle: Any) -> str:
+        """Name the GPU as torch does (``cuda:N``) by matching UUIDs; NVML order otherwise."""
+        try:
+            import torch
+
+            uuid = self.nvml.nvmlDeviceGetUUID(handle)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            for i in range(torch.cuda.device_count()):
+                if str(torch.cuda.get_device_properties(i).uuid) in uuid:
+                    return f"cuda:{i}"
+        except Exception:
+            pass
+        return f"cuda:{index}"
+
+    def read(self, out: dict[str, float]) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        nvml = self.nvml
+        for name, handle in zip(self._names, self._handles, strict=True):
+            try:
+                procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except nvml.NVMLError:
+                continue
+            for proc in procs:
+                if proc.pid == self.pid and proc.usedGpuMemory is not None:
+                    out[f"{name}/nvml_used"] = float(proc.usedGpuMemory)
+
+    def capacity(self) -> dict[str, int]:
+        caps = {}
+        for name, handle in zip(self._names, self._handles, strict=True):
+            with contextlib.suppress(self.nvml.NVMLError):
+                caps[name] = int(self.nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        return caps
+
+
+def _nvml_backend(pid: int | None) -> MemoryBackend | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return NvmlBackend(pynvml, pid)
+    except Exception:
+        return None
+
+
+def discover_backends(pid: int | None = None) -> list[MemoryBackend]:
+    """Every backend this machine supports: host memory always, accelerators if present."""
+    backends: list[MemoryBackend] = [ProcessBackend(pid)]
+    try:
+        import torch
+    except ImportError:
+        return backends
+    if torch.cuda.is_available():
+        backends.append(TorchAllocatorBackend(torch.cuda, "cuda"))
+        nvml = _nvml_backend(pid)
+        if nvml is not None:
+            backends.append(nvml)
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        backends.append(TorchAllocatorBackend(xpu, "xpu"))
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        backends.append(MpsBackend(torch.mps))
+    return backends

@@ -1,0 +1,97 @@
+"""The ``torchmem`` command line.
+
+    torchmem [OPTIONS] [SCRIPT [ARGS...]]          open the window, run SCRIPT in it
+    torchmem --demo [DEMO ARGS...]                 open the window on the bundled demo
+    torchmem run [OPTIONS] SCRIPT [ARGS...]        headless: run with monitoring, no Qt
+
+torchmem's own options come before the script; everything after the script is the
+script's, as with ``python`` itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .sampler import MAX_HZ, MIN_HZ
+
+
+def _rate(text: str) -> float:
+    try:
+        hz = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not MIN_HZ <= hz <= MAX_HZ:
+        raise argparse.ArgumentTypeError(f"must be between {MIN_HZ:g} and {MAX_HZ:g} Hz")
+    return hz
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hz", type=_rate, default=10.0, help="sampling rate, 1-100 Hz (10)")
+    parser.add_argument("--cwd", help="working directory for the script (default: unchanged)")
+
+
+def gui_parser() -> argparse.ArgumentParser:
+    """Parser of the window's command line."""
+    p = argparse.ArgumentParser(
+        prog="torchmem",
+        description="Live monitor for PyTorch memory. Opens a window and runs SCRIPT in it. "
+        "Headless: 'torchmem run --help'.",
+        epilog="Examples: torchmem train.py --lr 0.1 | torchmem --demo --leak | "
+        "torchmem run --summary out.json train.py",
+    )
+    p.add_argument("--version", action="version", version=f"torchmem {__version__}")
+    p.add_argument("--demo", action="store_true", help="run the bundled demo training script")
+    _common(p)
+    p.add_argument("--screenshot", metavar="PNG", help=argparse.SUPPRESS)
+    p.add_argument("--screenshot-after", type=int, default=20, help=argparse.SUPPRESS)
+    p.add_argument("script", nargs="?", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return p
+
+
+def run_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem run``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem run",
+        description="Run SCRIPT with monitoring and no window; exit with its exit code.",
+    )
+    p.add_argument("--summary", metavar="JSON", help="write a JSON summary of the run here")
+    p.add_argument("--quiet", action="store_true", help="no closing line unless the run fails")
+    _common(p)
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``torchmem`` command; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:
+        opts = run_parser().parse_args(argv[1:])
+        from .headless import run_headless
+        from .runner import ScriptError, validate_script
+
+        try:
+            validate_script(opts.script)
+        except ScriptError as exc:
+            print(f"torchmem: {exc}", file=sys.stderr)
+            return 2
+        return run_headless(opts.script, opts.args, opts.summary, opts.hz, opts.cwd, opts.quiet)
+
+    demo_args: list[str] = []
+    if "--demo" in argv:
+        # `torchmem --demo --leak`: what follows --demo belongs to the demo script.
+        cut = argv.index("--demo") + 1
+        argv, demo_args = argv[:cut], argv[cut:]
+    opts = gui_parser().parse_args(argv)
+    if opts.demo:
+        if opts.script:
+            gui_parser().error("give either --demo or a script, not both")
+        opts.args = demo_args
+    # Imported by name so that `import torchmem` (and `torchmem run`) never loads Qt.
+    app = importlib.import_module("torchmem.gui.app")
+    return app.main(opts)

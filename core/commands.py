@@ -1,0 +1,110 @@
+"""User actions on the monitored process, each measured: what did it change?
+
+Each command reads the counters before and after and returns a :class:`CommandResult`
+whose message says what changed, e.g. ``gc.collect: 3,102 objects collected, RSS -84.2 MiB``.
+These run only when a user asks; the sampler never calls them on its own.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+
+from .backends import MemoryBackend, series_label
+from .events import CommandResult
+from .units import format_bytes
+
+COMMANDS = ("gc_collect", "empty_cache", "reset_peaks")
+
+
+def _read(backends: Sequence[MemoryBackend]) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for backend in backends:
+        try:
+            backend.read(values)
+        except Exception:
+            continue
+    return values
+
+
+def _deltas(
+    before: dict[str, float], after: dict[str, float], metrics: set[str]
+) -> dict[str, float]:
+    return {
+        key: after[key] - before[key]
+        for key in after
+        if key in before and key.rpartition("/")[2] in metrics
+    }
+
+
+def _describe(deltas: dict[str, float], always: tuple[str, ...] = ()) -> str:
+    parts = [
+        f"{series_label(key).replace('process RSS', 'RSS')} {format_bytes(d, signed=True)}"
+        for key, d in deltas.items()
+        if d != 0 or key in always
+    ]
+    return ", ".join(parts)
+
+
+def gc_collect(backends: Sequence[MemoryBackend], now: Callable[[], float]) -> CommandResult:
+    """Run a full ``gc.collect()`` and report objects collected and memory freed."""
+    before = _read(backends)
+    started = time.perf_counter()
+    collected = gc.collect()
+    took = time.perf_counter() - started
+    after = _read(backends)
+    deltas = _deltas(before, after, {"rss", "allocated"})
+    changes = _describe(deltas, always=("cpu/rss",))
+    message = f"gc.collect: {collected:,} objects collected in {took * 1000:.0f} ms"
+    if changes:
+        message += f", {changes}"
+    return CommandResult(now(), "gc_collect", True, message, {"collected": collected, **deltas})
+
+
+def empty_cache(backends: Sequence[MemoryBackend], now: Callable[[], float]) -> CommandResult:
+    """Return the accelerators' cached, unused memory to the device."""
+    accelerators = [b for b in backends if b.is_accelerator]
+    if not accelerators:
+        return CommandResult(
+            now(), "empty_cache", False, "empty_cache: no accelerator in this process"
+        )
+    before = _read(accelerators)
+    for backend in accelerators:
+        backend.empty_cache()
+    after = _read(accelerators)
+    deltas = _deltas(before, after, {"reserved"})
+    released = [
+        f"{series_label(k)} {format_bytes(d, signed=True)} (now {format_bytes(after[k])})"
+        for k, d in deltas.items()
+        if d
+    ]
+    message = "empty_cache: " + (", ".join(released) if released else "nothing cached to release")
+    return CommandResult(now(), "empty_cache", True, message, deltas)
+
+
+def reset_peaks(
+    backends: Sequence[MemoryBackend],
+    now: Callable[[], float],
+    session_peaks: dict[str, float] | None = None,
+) -> CommandResult:
+    """Reset accelerator peak statistics and say what the old peaks were.
+
+    ``session_peaks`` (series key -> peak) covers figures the Session tracks itself, such
+    as the RSS peak; the Session resets those when it receives the result.
+    """
+    accelerators = [b for b in backends if b.is_accelerator]
+    before = _read(accelerators)
+    for backend in accelerators:
+        backend.reset_peaks()
+    after = _read(backends)
+    parts = [
+        f"{series_label(k)} {format_bytes(v)} -> {format_bytes(after[k])}"
+        for k, v in before.items()
+        if k.endswith("/peak_allocated") and k in after
+    ]
+    for key, peak in (session_peaks or {}).items():
+        if key == "cpu/rss" and key in after:
+            parts.append(f"RSS peak {format_bytes(peak)} -> {format_bytes(after[key])}")
+    message = "Reset peaks: " + (", ".join(parts) if parts else "nothing to reset yet")
+    return CommandResult(now(), "reset_peaks", True, message)

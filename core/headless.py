@@ -1,0 +1,80 @@
+"""``torchmem run``: a script with the same sampler, no Qt, and a JSON summary.
+
+This is the backbone that isolated runs, attach and tuning build on: the script runs in
+the main thread (so signals, DataLoader workers and Ctrl+C behave as in plain Python),
+its output goes straight to the terminal, and the exit code is the script's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .events import RunFinished, RunStatus
+from .session import Session
+from .source import InProcessSource
+from .units import format_bytes
+
+
+def summary(session: Session, source: InProcessSource, result: RunFinished) -> dict[str, Any]:
+    """The run's summary as written by ``--summary``."""
+    started = session.run_started
+    return {
+        "torchmem_version": __version__,
+        "script": started.script if started else None,
+        "argv": list(started.argv) if started else [],
+        "status": result.status.value,
+        "message": result.message,
+        "exit_code": result.exit_code,
+        "duration_s": round(result.duration_s, 3),
+        "steps": source.steps_seen,
+        "samples": session.samples,
+        "peak_bytes": {k: int(v) for k, v in session.peak_bytes().items()},
+        "capacity_bytes": source.capacity(),
+        "alerts": [],
+        "traceback": result.traceback,
+    }
+
+
+def run_headless(
+    script: str,
+    args: list[str],
+    summary_path: str | None = None,
+    hz: float = 10.0,
+    cwd: str | None = None,
+    quiet: bool = False,
+) -> int:
+    """Run ``script`` with monitoring; return its exit code (130 when interrupted)."""
+    session = Session()
+    source = InProcessSource(session, hz=hz)
+    try:
+        result = source.run_script(script, args, cwd=cwd, capture_output=False)
+    finally:
+        source.close()
+    data = summary(session, source, result)
+    if result.traceback:
+        sys.stderr.write(result.traceback)
+    if not quiet or result.status is not RunStatus.FINISHED:
+        peaks = ", ".join(
+            f"{'RSS' if k == 'cpu_rss' else k} {format_bytes(v)}"
+            for k, v in data["peak_bytes"].items()
+        )
+        sys.stderr.write(
+            f"torchmem: {result.message} (exit code {result.exit_code}) after "
+            f"{result.duration_s:.1f} s, {data['steps']} steps, {data['samples']} samples; "
+            f"peaks: {peaks or 'none'}\n"
+        )
+    if summary_path:
+        try:
+            out = Path(summary_path)
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.write_text(json.dumps(data, indent=2) + "\n")
+            os.replace(tmp, out)
+        except OSError as exc:
+            sys.stderr.write(f"torchmem: cannot write the summary to {summary_path}: {exc}\n")
+            return result.exit_code or 1
+    return result.exit_code

@@ -1,0 +1,109 @@
+"""The sampler: reads every backend at a steady rate in a daemon thread.
+
+It reads counters only (see backends), so it can run inside a training process. The
+loop is drift-free: tick k is due at ``start + k * period``; a late tick is taken at once
+and missed ticks are skipped rather than bunched up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from .backends import MemoryBackend
+from .events import Sample
+
+log = logging.getLogger(__name__)
+
+MIN_HZ, MAX_HZ = 1.0, 100.0
+
+
+def clamp_rate(hz: float) -> float:
+    """Clamp a sampling rate to the supported 1..100 Hz."""
+    return min(MAX_HZ, max(MIN_HZ, float(hz)))
+
+
+class Sampler:
+    """Polls ``backends`` at ``hz`` and hands each :class:`Sample` to ``sink``."""
+
+    def __init__(
+        self,
+        backends: Sequence[MemoryBackend],
+        sink: Callable[[Sample], None],
+        hz: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backends = list(backends)
+        self.sink = sink
+        self.clock = clock
+        self._period = 1.0 / clamp_rate(hz)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ticks = 0
+        self.skipped = 0
+
+    @property
+    def hz(self) -> float:
+        """Current sampling rate."""
+        return 1.0 / self._period
+
+    def set_rate(self, hz: float) -> None:
+        """Change the rate; takes effect from the next tick."""
+        self._period = 1.0 / clamp_rate(hz)
+
+    def read(self) -> dict[str, float]:
+        """One reading of every backend; a failing backend is logged and skipped."""
+        values: dict[str, float] = {}
+        for backend in self.backends:
+            try:
+                backend.read(values)
+            except Exception:
+                log.debug("backend %s failed", backend.kind, exc_info=True)
+        return values
+
+    def sample(self) -> Sample:
+        """Take one sample now and hand it to the sink."""
+        sample = Sample(self.clock(), self.read())
+        self.sink(sample)
+        return sample
+
+    def start(self) -> None:
+        """Start the sampling thread (idempotent)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="torchmem-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the thread and wait for it (cooperative: it checks between ticks)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        """True while the sampling thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        start = time.monotonic()
+        period = self._period
+        k = 0
+        while not self._stop.is_set():
+            self.sample()
+            self.ticks += 1
+            if self._period != period:  # rate changed: restart the schedule from now
+                period, start, k = self._period, time.monotonic(), 0
+            k += 1
+            due = start + k * period
+            now = time.monotonic()
+            if now > due:
+                missed = int((now - due) / period) + 1
+                self.skipped += missed - 1 if missed > 1 else 0
+                k += missed - 1
+                due = start + k * period
+            self._stop.wait(max(0.0, due - now))

@@ -1,0 +1,148 @@
+"""The Session: the one place where events land, whatever source they came from.
+
+Sources call :meth:`Session.submit` from any thread. The Session updates its models
+(time series, step clock, markers, log, run state) under a lock, bumps ``revision`` and
+tells its listeners. Views read snapshots; they never receive data by another path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from .events import (
+    CommandResult,
+    Event,
+    LogRecord,
+    Marker,
+    MarkerKind,
+    RunFinished,
+    RunStarted,
+    Sample,
+)
+from .timeseries import SeriesBuffer, StepClock
+
+Listener = Callable[[Event], None]
+
+
+class Session:
+    """Everything known about one monitored run, bounded in memory."""
+
+    def __init__(self, recent: int = 6000, buckets: int = 2048, max_log: int = 20000) -> None:
+        self._lock = threading.RLock()
+        self._listeners: list[Listener] = []
+        self._recent, self._buckets = recent, buckets
+        self._max_log = max_log
+        self.t0 = time.monotonic()
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self.series: dict[str, SeriesBuffer] = {}
+        self.steps = StepClock()
+        self.markers: deque[Marker] = deque(maxlen=5000)
+        self.logs: deque[LogRecord] = deque(maxlen=self._max_log)
+        self.commands: deque[CommandResult] = deque(maxlen=500)
+        self.run_started: RunStarted | None = None
+        self.run_finished: RunFinished | None = None
+        self.samples = 0
+        self.revision = 0
+
+    # -- time -------------------------------------------------------------------------
+    def now(self) -> float:
+        """Seconds since the session (re)started: the time base of every event."""
+        return time.monotonic() - self.t0
+
+    def reset(self) -> None:
+        """Forget everything and restart the clock (a new run in the same window)."""
+        with self._lock:
+            self.t0 = time.monotonic()
+            self._init_state()
+
+    # -- events -----------------------------------------------------------------------
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(event)`` after each event is applied; returns an unsubscribe."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def submit(self, event: Event) -> None:
+        """Apply one event from any source and notify listeners (on the caller's thread)."""
+        with self._lock:
+            self._apply(event)
+            self.revision += 1
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(event)
+
+    def _apply(self, event: Event) -> None:
+        if isinstance(event, Sample):
+            self.samples += 1
+            for key, value in event.values.items():
+                buf = self.series.get(key)
+                if buf is None:
+                    buf = self.series[key] = SeriesBuffer(self._recent, self._buckets)
+                buf.append(event.t, value)
+        elif isinstance(event, Marker):
+            if event.kind is MarkerKind.STEP:
+                self.steps.add(event.t, event.step)
+            else:
+                self.markers.append(event)
+        elif isinstance(event, LogRecord):
+            self.logs.append(event)
+        elif isinstance(event, RunStarted):
+            self.run_started, self.run_finished = event, None
+        elif isinstance(event, RunFinished):
+            self.run_finished = event
+        elif isinstance(event, CommandResult):
+            self.commands.append(event)
+            if event.command == "reset_peaks" and event.ok:
+                for buf in self.series.values():
+                    buf.reset_peak()
+
+    # -- snapshots for views ----------------------------------------------------------
+    def keys(self) -> list[str]:
+        """Series keys in the order they first appeared."""
+        with self._lock:
+            return list(self.series)
+
+    def arrays(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """Times and values of one series for drawing (copies)."""
+        with self._lock:
+            return self.series[key].arrays()
+
+    def to_steps(self, t: np.ndarray) -> np.ndarray:
+        """Map session times to step positions."""
+        with self._lock:
+            return self.steps.to_steps(t)
+
+    def latest(self) -> dict[str, tuple[float, float]]:
+        """Last value and peak of every series."""
+        with self._lock:
+            return {k: (b.last, b.peak) for k, b in self.series.items()}
+
+    def peak_bytes(self) -> dict[str, float]:
+        """Peak per device for summaries: accelerator peak allocated, and ``cpu_rss``."""
+        with self._lock:
+            peaks: dict[str, float] = {}
+            for key, buf in self.series.items():
+                device, metric = key.rpartition("/")[::2]
+                if metric == "rss":
+                    peaks["cpu_rss"] = buf.peak
+                elif metric in ("peak_allocated", "allocated") and buf.count:
+                    peaks[device] = max(peaks.get(device, 0.0), buf.peak)
+            return peaks
+
+    def user_markers(self) -> list[Marker]:
+        """User and epoch markers, oldest first."""
+        with self._lock:
+            return list(self.markers)

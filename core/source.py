@@ -1,0 +1,108 @@
+"""The in-process source: a script run in this process, its sampler and its commands.
+
+Everything it learns goes to one :class:`~torchmem.session.Session` as events. The GUI
+drives it from worker threads; the headless ``torchmem run`` drives it from the main
+thread. Later sources (agents in other processes) emit the same events.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from .backends import MemoryBackend, discover_backends
+from .commands import empty_cache, gc_collect, reset_peaks
+from .events import CommandResult, RunFinished
+from .runner import ScriptRunner
+from .sampler import Sampler
+from .session import Session
+
+
+class InProcessSource:
+    """Runs scripts in this process and samples this process's memory."""
+
+    def __init__(
+        self,
+        session: Session,
+        backends: Sequence[MemoryBackend] | None = None,
+        hz: float = 10.0,
+    ) -> None:
+        self.session = session
+        self.backends = list(backends) if backends is not None else discover_backends()
+        self.sampler = Sampler(self.backends, session.submit, hz, clock=session.now)
+        self._runner: ScriptRunner | None = None
+        self.steps_seen = 0
+
+    @property
+    def has_accelerator(self) -> bool:
+        """True when an accelerator backend is present (enables empty_cache)."""
+        return any(b.is_accelerator for b in self.backends)
+
+    def capacity(self) -> dict[str, int]:
+        """Total memory per device, where known."""
+        caps: dict[str, int] = {}
+        for backend in self.backends:
+            try:
+                caps.update(backend.capacity())
+            except Exception:
+                continue
+        return caps
+
+    # -- runs ---------------------------------------------------------------------------
+    def run_script(
+        self,
+        script: str | os.PathLike[str],
+        args: Sequence[str] = (),
+        cwd: str | None = None,
+        capture_output: bool = True,
+    ) -> RunFinished:
+        """Run ``script`` in the calling thread, sampling while it runs; blocks until it ends."""
+        runner = ScriptRunner(
+            script, list(args), self.session.submit, self.session.now, cwd, capture_output
+        )
+        self._runner = runner
+        self.sampler.start()
+        try:
+            return runner.run()
+        finally:
+            self.steps_seen = runner.steps
+            self.sampler.stop()
+            self.sampler.sample()  # the final state, after the script let go of its memory
+            self._runner = None
+
+    @property
+    def running(self) -> bool:
+        """True while a script runs."""
+        return self._runner is not None
+
+    @property
+    def steps(self) -> int:
+        """Steps of the current run (0 when none)."""
+        return self._runner.steps if self._runner else 0
+
+    def request_stop(self, grace_s: float = 2.0) -> None:
+        """Stop the running script cooperatively (see :meth:`ScriptRunner.request_stop`)."""
+        runner = self._runner
+        if runner is not None:
+            runner.request_stop(grace_s)
+
+    def close(self) -> None:
+        """Stop sampling."""
+        self.sampler.stop()
+
+    # -- commands ------------------------------------------------------------------------
+    def command(self, name: str) -> CommandResult:
+        """Run a user command by name, submit its result to the Session and return it."""
+        now = self.session.now
+        if name == "gc_collect":
+            result = gc_collect(self.backends, now)
+        elif name == "empty_cache":
+            result = empty_cache(self.backends, now)
+        elif name == "reset_peaks":
+            peaks = {k: p for k, (_, p) in self.session.latest().items()}
+            result = reset_peaks(self.backends, now, peaks)
+        else:
+            result = CommandResult(now(), name, False, f"unknown command {name!r}")
+        self.session.submit(result)
+        self.sampler.sample()  # show the effect on the traces at once
+        return result

@@ -1,0 +1,29 @@
+"""Byte units: one place that decides how memory figures are written."""
+
+from __future__ import annotations
+
+UNITS: dict[str, int] = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def auto_unit(nbytes: float) -> str:
+    """Return the largest binary unit in which ``nbytes`` is at least 1 (B for tiny values)."""
+    magnitude = abs(nbytes)
+    chosen = "B"
+    for name, factor in UNITS.items():
+        if magnitude >= factor:
+            chosen = name
+    return chosen
+
+
+def format_bytes(nbytes: float, unit: str | None = None, signed: bool = False) -> str:
+    """Format a byte count, e.g. ``3.81 MiB``; ``signed`` adds a '+' to gains.
+
+    Whole bytes are written without decimals and with thousands separators.
+    """
+    unit = unit or auto_unit(nbytes)
+    sign = "+" if signed and nbytes > 0 else ""
+    if unit == "B":
+        return f"{sign}{int(round(nbytes)):,} B"
+    value = nbytes / UNITS[unit]
+    decimals = 2 if abs(value) < 100 else 1
+    return f"{sign}{value:,.{decimals}f} {unit}"

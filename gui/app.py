@@ -1,0 +1,82 @@
+"""Start the torchmem window: ``torchmem [OPTIONS] [SCRIPT [ARGS...]]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QApplication
+
+from torchmem.resources import demo_script
+from torchmem.resources import path as resource_path
+from torchmem.session import Session
+from torchmem.source import InProcessSource
+
+from .main_window import MainWindow
+from .theme import apply_theme
+
+
+def create_app() -> QApplication:
+    """The QApplication, created once, with torchmem's names (used by QSettings)."""
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("torchmem")
+    app.setOrganizationName("torchmem")
+    app.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
+    return app
+
+
+def screenshot_when_drawn(window: MainWindow, path: str, samples: int) -> None:
+    """Save a screenshot once ``samples`` samples are drawn, then close the window.
+
+    Under a real X server the picture comes from the screen (``grabWindow``), so it shows
+    what a user would see; offscreen it falls back to rendering the widget.
+    """
+
+    def check() -> None:
+        if window.plot.samples_drawn < samples:
+            return
+        timer.stop()
+        screen = window.screen()
+        image = screen.grabWindow(window.winId()) if screen else None
+        if image is None or image.isNull():
+            image = window.grab()
+        ok = image.save(path)
+        print(
+            f"torchmem: screenshot {'saved to' if ok else 'FAILED for'} {path} "
+            f"after {window.plot.samples_drawn} samples",
+            file=sys.stderr,
+        )
+        window.close()
+
+    timer = QTimer(window)
+    timer.setInterval(100)
+    timer.timeout.connect(check)
+    timer.start()
+
+
+def main(opts: argparse.Namespace) -> int:
+    """Open the window, run the script (or the demo) if given, and return the exit code."""
+    app = create_app()
+    apply_theme(app, str(QSettings().value("view/theme", "system")))
+    source = InProcessSource(Session(), hz=opts.hz)
+    window = MainWindow(source)
+    window.show()
+    script = str(demo_script()) if opts.demo else opts.script
+    if script:
+        window.load_script(script, list(opts.args), run=True, cwd=opts.cwd)
+    if opts.screenshot:
+        screenshot_when_drawn(window, opts.screenshot, opts.screenshot_after)
+    # Ctrl+C in the terminal closes the window cleanly instead of being ignored by Qt.
+    signal.signal(signal.SIGINT, lambda *_: window.close())
+    keepalive = QTimer()
+    keepalive.timeout.connect(lambda: None)  # lets Python see the signal while Qt runs
+    keepalive.start(250)
+    code = app.exec()
+    if window.force_exit_needed:
+        sys.stderr.flush()
+        os._exit(code)
+    return code

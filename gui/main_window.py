@@ -1,0 +1,611 @@
+"""torchmem's main window: toolbar, live traces, readings, log, status bar."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QComboBox,
+    QDockWidget,
+    QFileDialog,
+    QLabel,
+    QLineEdit,
+    QMainWindow,
+    QMessageBox,
+    QSpinBox,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+)
+
+from torchmem import __version__
+from torchmem.events import (
+    CommandResult,
+    LogRecord,
+    RunFinished,
+    RunStarted,
+    RunStatus,
+    Stream,
+)
+from torchmem.resources import path as resource_path
+from torchmem.runner import ScriptError, validate_script
+from torchmem.sampler import MAX_HZ, MIN_HZ
+from torchmem.session import Session
+from torchmem.source import InProcessSource
+
+from .banner import Banner
+from .bridge import SessionBridge
+from .log_pane import LogPane
+from .readings import ReadingsTable
+from .theme import THEMES, apply_theme
+from .trace_plot import TracePlot
+from .workers import CommandWorker, ScriptWorker, start_in_thread, wait_thread
+
+WINDOWS = (("30 s", 30.0), ("2 min", 120.0), ("10 min", 600.0), ("1 h", 3600.0), ("All", None))
+UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
+COMMAND_LABELS = {
+    "gc_collect": "gc.collect()",
+    "empty_cache": "empty_cache()",
+    "reset_peaks": "Reset peaks",
+}
+
+
+class MainWindow(QMainWindow):
+    """The torchmem window around one Session and one in-process source."""
+
+    #: Ask the command worker (in its thread) to run a command by name.
+    command_requested = Signal(str)
+
+    def __init__(
+        self, source: InProcessSource | None = None, settings: QSettings | None = None
+    ) -> None:
+        super().__init__()
+        self.settings = settings or QSettings()
+        self.session = source.session if source else Session()
+        self.source = source or InProcessSource(self.session)
+        self.bridge = SessionBridge(self.session, self)
+        self.script: str | None = None
+        self.script_args: list[str] = []
+        self.cwd: str | None = None
+        self.last_result: RunFinished | None = None
+        self.force_exit_needed = False
+        self._script_thread: QThread | None = None
+        self._script_worker: ScriptWorker | None = None
+        self._runs = 0
+
+        self.setWindowTitle("torchmem")
+        self.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
+        self._build_central()
+        self._build_actions()
+        self._build_toolbar()
+        self._build_menus()
+        self._build_status_bar()
+        self._start_command_thread()
+        self.bridge.changed.connect(self._on_changed)
+        self.bridge.events.connect(self._on_events)
+        self.plot.follow_changed.connect(self.act_follow.setChecked)
+        self._restore_settings()
+        self._update_actions()
+
+    # -- construction ---------------------------------------------------------------------
+    def _build_central(self) -> None:
+        self.banner = Banner()
+        self.plot = TracePlot(self.session)
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(4, 4, 4, 0)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.plot, 1)
+        self.setCentralWidget(central)
+
+        self.log = LogPane()
+        self.log_dock = QDockWidget("Log", self)
+        self.log_dock.setObjectName("log_dock")
+        self.log_dock.setWidget(self.log)
+        self.addDockWidget(Qt.BottomDockWidgetArea, self.log_dock)
+
+        self.readings = ReadingsTable(self.session)
+        self.readings.capacity = self.source.capacity()
+        self.readings_dock = QDockWidget("Readings", self)
+        self.readings_dock.setObjectName("readings_dock")
+        self.readings_dock.setWidget(self.readings)
+        self.readings.setMinimumWidth(360)
+        self.addDockWidget(Qt.RightDockWidgetArea, self.readings_dock)
+
+    def _action(
+        self, text: str, slot, shortcut: str | None = None, tip: str = "", checkable: bool = False
+    ) -> QAction:
+        act = QAction(text, self)
+        if shortcut:
+            act.setShortcut(QKeySequence(shortcut))
+        if tip:
+            full = (
+                f"{tip} ({act.shortcut().toString(QKeySequence.NativeText)})" if shortcut else tip
+            )
+            act.setToolTip(full)
+            act.setStatusTip(tip)
+        act.setCheckable(checkable)
+        act.triggered.connect(slot)
+        return act
+
+    def _build_actions(self) -> None:
+        a = self._action
+        self.act_open = a(
+            "&Open script…",
+            self.open_script_dialog,
+            "Ctrl+O",
+            "Choose a Python training script to run",
+        )
+        self.act_demo = a(
+            "Open the &demo",
+            self.open_demo,
+            None,
+            "Run the bundled demo: a small CNN on synthetic data",
+        )
+        self.act_run = a("&Run", self.run, "F5", "Run the script in a background thread")
+        self.act_stop = a(
+            "&Stop", self.stop, "Shift+F5", "Stop the script at its next step (forced after 2 s)"
+        )
+        self.act_rerun = a("R&e-run", self.rerun, "Ctrl+R", "Stop if running, then run again")
+        self.act_quit = a("&Quit", self.close, "Ctrl+Q", "Stop the script and quit")
+        self.act_gc = a(
+            "gc.collect()",
+            lambda: self.run_command("gc_collect"),
+            "Ctrl+G",
+            "Run Python's garbage collector and show what it freed",
+        )
+        self.act_empty = a(
+            "empty_cache()",
+            lambda: self.run_command("empty_cache"),
+            "Ctrl+E",
+            "Return the accelerator allocator's unused cache to the device",
+        )
+        self.act_reset = a(
+            "Reset peaks",
+            lambda: self.run_command("reset_peaks"),
+            "Ctrl+Shift+P",
+            "Start new peak figures from now",
+        )
+        self.act_steps = a(
+            "X axis in &steps",
+            self._toggle_x_mode,
+            "Ctrl+T",
+            "Show the X axis in training steps instead of seconds",
+            checkable=True,
+        )
+        self.act_follow = a(
+            "&Follow", self._toggle_follow, "F", "Keep the newest data in view", checkable=True
+        )
+        self.act_follow.setChecked(True)
+        self.act_pause = a(
+            "&Pause drawing",
+            self._toggle_pause,
+            "Space",
+            "Freeze the traces; data is still recorded",
+            checkable=True,
+        )
+        self.act_shortcuts = a(
+            "&Keyboard shortcuts", self.show_shortcuts, "F1", "List the keyboard shortcuts"
+        )
+        self.act_about = a("&About torchmem", self.show_about)
+
+    def _build_toolbar(self) -> None:
+        tb = QToolBar("Main", self)
+        tb.setObjectName("main_toolbar")
+        tb.setToolButtonStyle(Qt.ToolButtonTextOnly)
+        self.addToolBar(tb)
+        tb.addAction(self.act_open)
+        tb.addAction(self.act_run)
+        tb.addAction(self.act_stop)
+        tb.addAction(self.act_rerun)
+        self.args_edit = QLineEdit()
+        self.args_edit.setPlaceholderText("script arguments, e.g. --lr 0.1")
+        self.args_edit.setToolTip("Arguments passed to the script on the next Run (shell quoting)")
+        self.args_edit.setMaximumWidth(260)
+        self.args_edit.returnPressed.connect(self.rerun)
+        tb.addWidget(self.args_edit)
+        tb.addSeparator()
+        tb.addAction(self.act_gc)
+        tb.addAction(self.act_empty)
+        tb.addAction(self.act_reset)
+        tb.addSeparator()
+        tb.addAction(self.act_steps)
+        tb.addAction(self.act_follow)
+        tb.addAction(self.act_pause)
+        self.window_combo = QComboBox()
+        for label, seconds in WINDOWS:
+            self.window_combo.addItem(label, seconds)
+        self.window_combo.setToolTip("How much of the run Follow keeps in view")
+        self.window_combo.currentIndexChanged.connect(
+            lambda i: self.plot.set_window(self.window_combo.itemData(i))
+        )
+        tb.addWidget(self.window_combo)
+        self.unit_combo = QComboBox()
+        self.unit_combo.addItems(UNIT_CHOICES)
+        self.unit_combo.setToolTip("Units of the memory axes (auto picks per plot)")
+        self.unit_combo.currentTextChanged.connect(self.plot.set_unit)
+        tb.addWidget(self.unit_combo)
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        m = mb.addMenu("&File")
+        m.addAction(self.act_open)
+        m.addAction(self.act_demo)
+        self.recent_menu = m.addMenu("Open &recent")
+        m.addSeparator()
+        m.addAction(self.act_quit)
+        m = mb.addMenu("&Run")
+        for act in (self.act_run, self.act_stop, self.act_rerun):
+            m.addAction(act)
+        m = mb.addMenu("&Memory")
+        for act in (self.act_gc, self.act_empty, self.act_reset):
+            m.addAction(act)
+        m = mb.addMenu("&View")
+        for act in (self.act_steps, self.act_follow, self.act_pause):
+            m.addAction(act)
+        m.addSeparator()
+        m.addAction(self.log_dock.toggleViewAction())
+        m.addAction(self.readings_dock.toggleViewAction())
+        theme_menu = m.addMenu("&Theme")
+        self.theme_group = QActionGroup(self)
+        for theme in THEMES:
+            act = theme_menu.addAction(theme.capitalize())
+            act.setCheckable(True)
+            act.setData(theme)
+            self.theme_group.addAction(act)
+        self.theme_group.triggered.connect(lambda act: self.set_theme(act.data()))
+        m = mb.addMenu("&Help")
+        m.addAction(self.act_shortcuts)
+        m.addAction(self.act_about)
+
+    def _build_status_bar(self) -> None:
+        sb = self.statusBar()
+        self.run_label = QLabel("No script")
+        self.run_label.setToolTip("State of the script run")
+        self.samples_label = QLabel("")
+        self.samples_label.setToolTip("Samples recorded in this run")
+        self.rate_spin = QSpinBox()
+        self.rate_spin.setRange(int(MIN_HZ), int(MAX_HZ))
+        self.rate_spin.setSuffix(" Hz")
+        self.rate_spin.setValue(int(round(self.source.sampler.hz)))
+        self.rate_spin.setToolTip("Sampling rate (1-100 Hz). Counters only: no device sync.")
+        self.rate_spin.valueChanged.connect(self.source.sampler.set_rate)
+        sb.addPermanentWidget(self.run_label)
+        sb.addPermanentWidget(self.samples_label)
+        sb.addPermanentWidget(self.rate_spin)
+
+    def _start_command_thread(self) -> None:
+        self._command_worker = CommandWorker(self.source)
+        self._command_thread = start_in_thread(self._command_worker, "torchmem-commands")
+        self.command_requested.connect(self._command_worker.run)
+        self._command_worker.done.connect(self._on_command_done)
+        self._commands_busy = False
+
+    # -- settings -------------------------------------------------------------------------
+    def _restore_settings(self) -> None:
+        s = self.settings
+        geometry = s.value("window/geometry")
+        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1280, 820)
+        state = s.value("window/state")
+        if isinstance(state, QByteArray) and not state.isEmpty():
+            self.restoreState(state)
+        if s.value("view/x_mode", "time") == "steps":
+            self.act_steps.setChecked(True)
+            self.plot.set_x_mode("steps")
+        unit = s.value("view/unit", "auto")
+        if unit in UNIT_CHOICES:
+            self.unit_combo.setCurrentText(unit)
+        window = s.value("view/window", "2 min")
+        idx = self.window_combo.findText(str(window))
+        self.window_combo.setCurrentIndex(idx if idx >= 0 else 1)
+        self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
+        theme = s.value("view/theme", "system")
+        for act in self.theme_group.actions():
+            act.setChecked(act.data() == theme)
+        self._refresh_recent()
+
+    def save_settings(self) -> None:
+        """Remember geometry, docks and view choices for the next start."""
+        s = self.settings
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/state", self.saveState())
+        s.setValue("view/x_mode", self.plot.x_mode)
+        s.setValue("view/unit", self.unit_combo.currentText())
+        s.setValue("view/window", self.window_combo.currentText())
+        s.setValue("sampler/hz", self.rate_spin.value())
+        s.sync()
+
+    def set_theme(self, theme: str) -> None:
+        """Switch between the system, light and dark palettes; remembered."""
+        app = QApplication.instance()
+        apply_theme(app, theme)
+        self.settings.setValue("view/theme", theme)
+        self.plot.setPalette(app.palette())
+        self.plot.apply_palette()
+        self.log.setPalette(app.palette())
+        self.log.update_formats()
+
+    def _refresh_recent(self) -> None:
+        self.recent_menu.clear()
+        recent = [r for r in (self.settings.value("recent", []) or []) if Path(r).exists()]
+        for entry in recent[:10]:
+            self.recent_menu.addAction(entry, lambda p=entry: self.load_script(p, run=True))
+        self.recent_menu.setEnabled(bool(recent))
+
+    def _remember(self, script: str) -> None:
+        recent = [r for r in (self.settings.value("recent", []) or []) if r != script]
+        self.settings.setValue("recent", [script, *recent][:10])
+        self._refresh_recent()
+
+    # -- running scripts ------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """True while a script thread is alive."""
+        return self._script_thread is not None
+
+    def open_script_dialog(self) -> None:
+        """Ask for a script and run it."""
+        start = str(Path(self.script).parent) if self.script else str(Path.cwd())
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open a training script", start, "Python scripts (*.py);;All files (*)"
+        )
+        if path:
+            self.load_script(path, run=True)
+
+    def open_demo(self) -> None:
+        """Load and run the bundled demo."""
+        from torchmem.resources import demo_script
+
+        self.load_script(str(demo_script()), [], run=True)
+
+    def load_script(
+        self,
+        script: str,
+        args: list[str] | None = None,
+        run: bool = False,
+        cwd: str | None = None,
+    ) -> bool:
+        """Make ``script`` the current script (checked first); optionally run it."""
+        try:
+            validate_script(script)
+        except ScriptError as exc:
+            self.show_error(str(exc))
+            return False
+        self.script = str(Path(script).resolve())
+        if args is not None:
+            self.script_args = list(args)
+            self.args_edit.setText(shlex.join(self.script_args))
+        if cwd is not None:
+            self.cwd = cwd
+        self.setWindowTitle(f"{Path(self.script).name} – torchmem")
+        self._remember(self.script)
+        self._update_actions()
+        if run:
+            return self.run()
+        return True
+
+    def show_error(self, text: str, severity: str = "error") -> None:
+        """Show a message in the banner, the status bar and the log."""
+        self.banner.show_message(text, severity)
+        self.statusBar().showMessage(text.splitlines()[0], 15000)
+        self.session.submit(LogRecord(self.session.now(), Stream.TORCHMEM, text))
+
+    @Slot()
+    def run(self) -> bool:
+        """Run the current script in a background QThread (no-op while one runs)."""
+        if self.running or not self.script:
+            if not self.script:
+                self.show_error("No script to run: open one (Ctrl+O) or the demo.", "info")
+            return False
+        try:
+            self.script_args = shlex.split(self.args_edit.text())
+        except ValueError as exc:
+            self.show_error(f"Cannot parse the script arguments: {exc}. Check the quotes.")
+            return False
+        try:
+            validate_script(self.script)
+        except ScriptError as exc:
+            self.show_error(str(exc))
+            return False
+        self.banner.hide()
+        self._runs += 1
+        self.session.reset()
+        self.plot.clear_data()
+        self.readings.clear_rows()
+        if self._runs > 1:
+            self.log.append_records([LogRecord(0, Stream.TORCHMEM, "─" * 60)])
+        self.last_result = None
+        worker = ScriptWorker(self.source, self.script, self.script_args, self.cwd)
+        self._script_worker = worker
+        worker.finished.connect(self._on_worker_finished)
+        self._script_thread = start_in_thread(
+            worker, "torchmem-script", worker.run, worker.finished
+        )
+        self._update_actions()
+        return True
+
+    @Slot()
+    def stop(self) -> None:
+        """Ask the running script to stop at its next step (forced after 2 s)."""
+        if self.running:
+            self.source.request_stop(grace_s=2.0)
+            self.run_label.setText("Stopping…")
+            self.act_stop.setEnabled(False)
+
+    @Slot()
+    def rerun(self) -> None:
+        """Stop the current run if any, then run again with the current arguments."""
+        if self.running:
+            self.stop()
+            self._rerun_pending = True
+        else:
+            self.run()
+
+    @Slot(object)
+    def _on_worker_finished(self, result: RunFinished) -> None:
+        thread = self._script_thread
+        if thread is not None:
+            wait_thread(thread, 5000)  # it quits by itself once the worker is done
+        self._script_thread = None
+        self._script_worker = None
+        self.bridge.flush()
+        self._update_actions()
+        if getattr(self, "_rerun_pending", False):
+            self._rerun_pending = False
+            QTimer.singleShot(0, self.run)
+
+    # -- session events -------------------------------------------------------------------
+    @Slot()
+    def _on_changed(self) -> None:
+        self.plot.refresh()
+        self.readings.refresh()
+        samples = self.session.samples
+        self.samples_label.setText(f"{samples:,} samples")
+        if self.running and self.session.run_finished is None:
+            steps = self.session.steps.steps
+            self.run_label.setText(
+                f"● Running · step {steps:,} · {self.session.now():.1f} s"
+                if not self.source_stop_requested()
+                else "Stopping…"
+            )
+
+    def source_stop_requested(self) -> bool:
+        """True once Stop was pressed for the current run."""
+        return not self.act_stop.isEnabled() and self.running
+
+    @Slot(list)
+    def _on_events(self, events: list) -> None:
+        logs = [e for e in events if isinstance(e, LogRecord)]
+        self.log.append_records(logs)
+        for event in events:
+            if isinstance(event, RunStarted):
+                args = " ".join(event.argv)
+                self.log.append_records(
+                    [LogRecord(event.t, Stream.TORCHMEM, f"running {event.script} {args}".rstrip())]
+                )
+                self.run_label.setText("● Running")
+            elif isinstance(event, RunFinished):
+                self._show_finished(event)
+            elif isinstance(event, CommandResult):
+                self.statusBar().showMessage(event.message, 15000)
+                self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, event.message)])
+
+    def _show_finished(self, event: RunFinished) -> None:
+        self.last_result = event
+        steps = self.session.steps.steps
+        text = (
+            f"{event.status.value.capitalize()} (exit code {event.exit_code}) after "
+            f"{event.duration_s:.1f} s, {steps:,} steps"
+        )
+        self.run_label.setText(text)
+        lines = [f"{text}: {event.message}"]
+        if event.traceback:
+            lines.insert(0, event.traceback.rstrip())
+        self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, "\n".join(lines))])
+        self.statusBar().showMessage(f"{text}: {event.message}", 30000)
+        if event.status in (RunStatus.FAILED, RunStatus.OOM):
+            self.banner.show_message(f"{Path(self.script or '').name}: {event.message}", "error")
+        elif event.status is RunStatus.STOPPED:
+            self.banner.show_message(f"Run {event.message}.", "info")
+
+    # -- commands -------------------------------------------------------------------------
+    def run_command(self, name: str) -> None:
+        """Run gc.collect / empty_cache / reset peaks in the command thread."""
+        if self._commands_busy:
+            self.statusBar().showMessage("A command is still running…", 3000)
+            return
+        self._commands_busy = True
+        self.statusBar().showMessage(f"{COMMAND_LABELS.get(name, name)}…")
+        self.command_requested.emit(name)
+
+    @Slot(object)
+    def _on_command_done(self, result: CommandResult) -> None:
+        self._commands_busy = False
+
+    # -- state ----------------------------------------------------------------------------
+    def _update_actions(self) -> None:
+        running = self.running
+        self.act_run.setEnabled(not running and self.script is not None)
+        self.act_stop.setEnabled(running)
+        self.act_rerun.setEnabled(self.script is not None)
+        has_acc = self.source.has_accelerator
+        self.act_empty.setEnabled(has_acc)
+        self.act_empty.setToolTip(
+            "Return the accelerator allocator's unused cache to the device (Ctrl+E)"
+            if has_acc
+            else "No accelerator (CUDA, MPS, XPU) in this process: nothing to empty"
+        )
+        if not running and self.script is None:
+            self.run_label.setText("No script: Ctrl+O to open one")
+
+    @Slot()
+    def _toggle_x_mode(self) -> None:
+        self.plot.set_x_mode("steps" if self.act_steps.isChecked() else "time")
+
+    @Slot()
+    def _toggle_follow(self) -> None:
+        self.plot.set_follow(self.act_follow.isChecked())
+
+    @Slot()
+    def _toggle_pause(self) -> None:
+        self.plot.set_paused(self.act_pause.isChecked())
+        self.statusBar().showMessage(
+            "Drawing paused (still recording)" if self.act_pause.isChecked() else "Drawing resumed",
+            3000,
+        )
+
+    def show_shortcuts(self) -> None:
+        """A dialog listing every shortcut."""
+        rows = [
+            f"<tr><td><b>{a.shortcut().toString(QKeySequence.NativeText)}</b></td>"
+            f"<td>{a.text().replace('&', '')}</td></tr>"
+            for a in self.findChildren(QAction)
+            if not a.shortcut().isEmpty()
+        ]
+        QMessageBox.information(self, "Keyboard shortcuts", f"<table>{''.join(rows)}</table>")
+
+    def show_about(self) -> None:
+        """Version and a one-line description."""
+        import torch
+
+        QMessageBox.about(
+            self,
+            "About torchmem",
+            f"<b>torchmem {__version__}</b><br>Live monitor for PyTorch memory.<br>"
+            f"PyTorch {torch.__version__}, Python {sys.version.split()[0]}",
+        )
+
+    # -- closing --------------------------------------------------------------------------
+    def shutdown(self, timeout_ms: int = 6000) -> bool:
+        """Stop the script and every thread; True when all ended within ``timeout_ms``."""
+        clean = True
+        if self._script_thread is not None:
+            self.source.request_stop(grace_s=1.0)
+            thread = self._script_thread
+            clean = wait_thread(thread, timeout_ms)
+            if clean:
+                self._script_thread = None
+        self._command_thread.quit()
+        wait_thread(self._command_thread, 5000)
+        self.bridge.close()
+        self.source.close()
+        self.force_exit_needed = not clean
+        return clean
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        """Save settings, stop the script cooperatively and wait for the threads."""
+        self.save_settings()
+        if not self.shutdown():
+            sys.stderr.write(
+                "torchmem: the script did not stop within 6 s (blocked in a C call?); "
+                "exiting anyway.\n"
+            )
+        event.accept()

@@ -1,0 +1,69 @@
+"""The readings table: every series' current value and peak, with what each figure means."""
+
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidget
+
+from torchmem.backends import METRICS, series_label, split_key
+from torchmem.session import Session
+from torchmem.units import format_bytes
+
+from .trace_plot import series_color
+
+
+class ReadingsTable(QTableWidget):
+    """One row per series: name, now, peak, share of the device's capacity."""
+
+    HEADERS = ("Series", "Now", "Peak", "of capacity")
+
+    def __init__(self, session: Session, parent: QWidget | None = None) -> None:
+        super().__init__(0, len(self.HEADERS), parent)
+        self.session = session
+        self.capacity: dict[str, int] = {}
+        self.setHorizontalHeaderLabels(self.HEADERS)
+        self.verticalHeader().setVisible(False)
+        self.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.setSelectionMode(QTableWidget.NoSelection)
+        self.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
+        for col in range(1, len(self.HEADERS)):
+            self.horizontalHeader().setSectionResizeMode(col, QHeaderView.ResizeToContents)
+        self.horizontalHeaderItem(3).setToolTip(
+            "Current value as a share of the device's total memory (RAM for host series)."
+        )
+        self._rows: dict[str, int] = {}
+
+    def refresh(self) -> None:
+        """Update every row from the Session."""
+        for key, (last, peak) in self.session.latest().items():
+            row = self._rows.get(key)
+            if row is None:
+                row = self._rows[key] = self.rowCount()
+                self.insertRow(row)
+                item = QTableWidgetItem(series_label(key))
+                item.setForeground(series_color(key))
+                metric = split_key(key)[1]
+                item.setToolTip(METRICS[metric].tooltip if metric in METRICS else key)
+                self.setItem(row, 0, item)
+                for col in range(1, 4):
+                    cell = QTableWidgetItem()
+                    cell.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                    self.setItem(row, col, cell)
+            self.item(row, 1).setText(format_bytes(last) if not math.isnan(last) else "–")
+            self.item(row, 2).setText(format_bytes(peak) if math.isfinite(peak) else "–")
+            device = split_key(key)[0]
+            total = self.capacity.get("cpu" if device == "system" else device)
+            share = f"{100 * last / total:.1f} %" if total and not math.isnan(last) else ""
+            self.item(row, 3).setText(share)
+
+    def clear_rows(self) -> None:
+        """Forget all rows (a new run)."""
+        self.setRowCount(0)
+        self._rows.clear()
+
+    def row_text(self, key: str) -> tuple[str, str, str]:
+        """(label, now, peak) as shown, for tests and copy."""
+        row = self._rows[key]
+        return tuple(self.item(row, c).text() for c in range(3))  # type: ignore[return-value]

@@ -1,0 +1,375 @@
+"""Live memory traces: accelerator and host memory over time or steps, with markers.
+
+Curves are created once per series and updated with ``setData`` on numpy arrays, with
+peak-preserving downsampling and clip-to-view. Data is pulled from the Session when the
+bridge says it changed (at most ~30 Hz), never pushed from other threads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, Qt, Signal, Slot
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QWidget
+
+from torchmem.backends import METRICS, series_label, split_key
+from torchmem.events import MarkerKind
+from torchmem.session import Session
+from torchmem.units import UNITS, auto_unit, format_bytes
+
+COLORS = {
+    "allocated": "#1f77b4",
+    "reserved": "#ff7f0e",
+    "peak_allocated": "#d62728",
+    "nvml_used": "#9467bd",
+    "rss": "#2ca02c",
+    "uss": "#17becf",
+    "available": "#8c8c8c",
+}
+DASHED = {"peak_allocated", "available"}
+HIDDEN_BY_DEFAULT = {"available"}
+MARKER_COLORS = {MarkerKind.EPOCH: "#e377c2", MarkerKind.USER: "#bcbd22"}
+MAX_STEP_TICKS = 400
+
+
+def series_color(key: str) -> QColor:
+    """A stable colour per metric; further devices of one kind get darker shades."""
+    device, metric = split_key(key)
+    color = QColor(COLORS.get(metric, "#7f7f7f"))
+    index = int(device.rpartition(":")[2]) if device.rpartition(":")[2].isdigit() else 0
+    return color.darker(100 + 35 * index) if index else color
+
+
+def plot_group(key: str) -> str:
+    """Which plot a series goes to: ``host`` for cpu/system, else ``accelerator``."""
+    device, _ = split_key(key)
+    return "host" if device in ("cpu", "system") else "accelerator"
+
+
+class TracePlot(pg.GraphicsLayoutWidget):
+    """Accelerator and host memory plots over a step strip, sharing one X axis."""
+
+    #: Follow mode was turned off because the user panned or zoomed.
+    follow_changed = Signal(bool)
+
+    def __init__(self, session: Session, parent: QWidget | None = None) -> None:
+        super().__init__(parent=parent)
+        self.session = session
+        self.x_mode = "time"
+        self.unit = "auto"
+        self.follow = True
+        self.window_s: float | None = 120.0
+        self.paused = False
+        self.samples_drawn = 0
+        self._shown_units: dict[str, str] = {}
+        self._curves: dict[str, pg.PlotDataItem] = {}
+        self._xy: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._marker_lines: list[tuple[object, list[pg.InfiniteLine]]] = []
+        self._setting_range = False
+
+        self.readout = pg.LabelItem(justify="left")
+        self.addItem(self.readout, row=0, col=0)
+        self.plots: dict[str, pg.PlotItem] = {}
+        for row, (group, title) in enumerate(
+            (("accelerator", "Accelerator memory"), ("host", "Host memory")), start=1
+        ):
+            plot = self.addPlot(row=row, col=0, title=title)
+            plot.showGrid(x=True, y=True, alpha=0.25)
+            plot.setClipToView(True)
+            plot.setDownsampling(auto=True, mode="peak")
+            plot.addLegend(offset=(10, 5), labelTextSize="9pt")
+            plot.setLabel("left", "memory", units=None)
+            plot.getAxis("left").setWidth(70)
+            plot.vb.sigRangeChangedManually.connect(self._user_moved)
+            self.plots[group] = plot
+        self.plots["accelerator"].setVisible(False)
+        self.steps_plot = self.addPlot(row=3, col=0)
+        self.steps_plot.setMaximumHeight(80)
+        self.steps_plot.setYRange(0, 1, padding=0)
+        self.steps_plot.setMouseEnabled(y=False)
+        left = self.steps_plot.getAxis("left")
+        left.setWidth(70)
+        left.setStyle(showValues=False, tickLength=0)
+        left.setLabel("steps")
+        left.setToolTip(
+            "A tick per training step (optimizer step, or backward when the "
+            "script updates parameters by hand)"
+        )
+        self.steps_plot.vb.sigRangeChangedManually.connect(self._user_moved)
+        self.step_ticks = self.steps_plot.plot(
+            [], [], connect="pairs", pen=pg.mkPen("#888", width=1)
+        )
+        self.steps_label = pg.TextItem(anchor=(0, 0))
+        self.steps_plot.addItem(self.steps_label, ignoreBounds=True)
+        for plot in (self.plots["accelerator"], self.steps_plot):
+            plot.setXLink(self.plots["host"])
+        self._crosshairs = []
+        for plot in (*self.plots.values(), self.steps_plot):
+            line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#999", style=Qt.DotLine))
+            line.setVisible(False)
+            plot.addItem(line, ignoreBounds=True)
+            self._crosshairs.append(line)
+        self._mouse_proxy = pg.SignalProxy(
+            self.scene().sigMouseMoved, rateLimit=30, slot=self._hover
+        )
+        self._update_x_label()
+        self.apply_palette()
+
+    # -- appearance -----------------------------------------------------------------------
+    def apply_palette(self) -> None:
+        """Match the plot background and axes to the application palette (light or dark)."""
+        pal = self.palette()
+        base = pal.color(QPalette.Base)
+        text = pal.color(QPalette.Text)
+        self.setBackground(base)
+        for plot in (*self.plots.values(), self.steps_plot):
+            for name in ("left", "bottom"):
+                axis = plot.getAxis(name)
+                axis.setPen(pg.mkPen(text))
+                axis.setTextPen(pg.mkPen(text))
+            plot.titleLabel.setText(plot.titleLabel.text, color=text.name())
+        self.readout.setText(self.readout.text, color=text.name())
+
+    def _update_x_label(self) -> None:
+        label = "time (s)" if self.x_mode == "time" else "step"
+        self.plots["host"].setLabel("bottom", "")
+        self.steps_plot.setLabel("bottom", label)
+        self.plots["host"].hideAxis("bottom")
+        self.plots["accelerator"].hideAxis("bottom")
+
+    # -- settings -------------------------------------------------------------------------
+    def set_x_mode(self, mode: str) -> None:
+        """``"time"`` (seconds since start) or ``"steps"``."""
+        if mode not in ("time", "steps"):
+            raise ValueError(mode)
+        self.x_mode = mode
+        self._update_x_label()
+        for marker, _ in self._marker_lines:
+            self._place_marker(marker)
+        self.refresh(force=True)
+
+    def set_unit(self, unit: str) -> None:
+        """``"auto"`` or one of B, KiB, MiB, GiB."""
+        if unit != "auto" and unit not in UNITS:
+            raise ValueError(unit)
+        self.unit = unit
+        self.refresh(force=True)
+
+    def set_follow(self, follow: bool) -> None:
+        """Keep the newest data in view (the window set by ``window_s``)."""
+        self.follow = follow
+        self.refresh(force=True)
+
+    def set_window(self, seconds: float | None) -> None:
+        """Width of the followed window in seconds; ``None`` shows the whole run."""
+        self.window_s = seconds
+        self.refresh(force=True)
+
+    def set_paused(self, paused: bool) -> None:
+        """Freeze the picture (data keeps being recorded) or resume."""
+        self.paused = paused
+        if not paused:
+            self.refresh(force=True)
+
+    def set_curve_visible(self, key: str, visible: bool) -> None:
+        """Show or hide one series (as a click on its legend entry does)."""
+        if key in self._curves:
+            self._curves[key].setVisible(visible)
+
+    def curve_keys(self) -> list[str]:
+        """Series that have a curve."""
+        return list(self._curves)
+
+    def visible_keys(self) -> list[str]:
+        """Series whose curve is shown."""
+        return [k for k, c in self._curves.items() if c.isVisible()]
+
+    # -- drawing --------------------------------------------------------------------------
+    def clear_data(self) -> None:
+        """Drop curves and markers (a new run)."""
+        for key, curve in self._curves.items():
+            plot = self.plots[plot_group(key)]
+            plot.legend.removeItem(curve)
+            plot.removeItem(curve)
+        self._curves.clear()
+        self._xy.clear()
+        for _, lines in self._marker_lines:
+            for line in lines:
+                line.getViewBox() and line.getViewBox().removeItem(line)
+        self._marker_lines.clear()
+        self.step_ticks.setData([], [])
+        self.samples_drawn = 0
+        self.plots["accelerator"].setVisible(False)
+        self.follow = True
+        self.follow_changed.emit(True)
+
+    def _curve(self, key: str) -> pg.PlotDataItem:
+        curve = self._curves.get(key)
+        if curve is None:
+            _, metric = split_key(key)
+            pen = pg.mkPen(series_color(key), width=2)
+            if metric in DASHED:
+                pen.setStyle(Qt.DashLine)
+            group = plot_group(key)
+            plot = self.plots[group]
+            curve = plot.plot([], [], pen=pen, name=series_label(key), skipFiniteCheck=True)
+            curve.setToolTip(METRICS[metric].tooltip if metric in METRICS else key)
+            if metric in HIDDEN_BY_DEFAULT:
+                curve.setVisible(False)
+            plot.setVisible(True)
+            self._curves[key] = curve
+        return curve
+
+    def _x(self, t: np.ndarray) -> np.ndarray:
+        return t if self.x_mode == "time" else self.session.to_steps(t)
+
+    @Slot()
+    def refresh(self, force: bool = False) -> None:
+        """Pull the Session's data into the curves (no-op while paused)."""
+        if self.paused and not force:
+            return
+        keys = self.session.keys()
+        data = {k: self.session.arrays(k) for k in keys}
+        for group, plot in self.plots.items():
+            group_keys = [k for k in keys if plot_group(k) == group]
+            if not group_keys:
+                continue
+            unit = self._pick_unit(data, group_keys)
+            scale = 1.0 / UNITS[unit]
+            for key in group_keys:
+                t, v = data[key]
+                x = self._x(t)
+                self._xy[key] = (x, v)
+                self._curve(key).setData(x, v * scale)
+            if self._shown_units.get(group) != unit:
+                self._shown_units[group] = unit
+                plot.setLabel("left", f"memory ({unit})")
+        self.samples_drawn = self.session.samples
+        self._draw_steps()
+        self._draw_markers()
+        if self.follow:
+            self._follow(data)
+
+    def _pick_unit(self, data: dict, keys: list[str]) -> str:
+        if self.unit != "auto":
+            return self.unit
+        peak = 0.0
+        for key in keys:
+            curve = self._curves.get(key)
+            if curve is not None and not curve.isVisible():
+                continue
+            v = data[key][1]
+            if len(v):
+                peak = max(peak, float(np.nanmax(v)))
+        return auto_unit(peak) if peak else "MiB"
+
+    def _draw_steps(self) -> None:
+        times, steps = self.session.steps.boundaries()
+        total = self.session.steps.steps
+        if len(times) > MAX_STEP_TICKS:
+            every = int(np.ceil(len(times) / MAX_STEP_TICKS))
+            times, steps = times[::every], steps[::every]
+        x = times if self.x_mode == "time" else steps
+        self.step_ticks.setData(np.repeat(x, 2), np.tile([0.0, 0.6], len(x)))
+        self.steps_label.setText(f"{total:,} steps" if total else "no steps yet")
+        (x0, _), _ = self.steps_plot.vb.viewRange()
+        self.steps_label.setPos(x0, 1.0)
+
+    def _place_marker(self, marker) -> None:
+        for entry, lines in self._marker_lines:
+            if entry is marker:
+                pos = marker.t if self.x_mode == "time" else float(marker.step)
+                for line in lines:
+                    line.setValue(pos)
+
+    def _draw_markers(self) -> None:
+        markers = self.session.user_markers()
+        for marker in markers[len(self._marker_lines) :]:
+            color = MARKER_COLORS.get(marker.kind, "#bcbd22")
+            lines = []
+            for i, plot in enumerate((*self.plots.values(), self.steps_plot)):
+                label = marker.label if i == 1 else None
+                line = pg.InfiniteLine(
+                    angle=90,
+                    movable=False,
+                    pen=pg.mkPen(color, width=1.5, style=Qt.DashLine),
+                    label=label,
+                    labelOpts={"position": 0.92, "color": color, "movable": False},
+                )
+                line.setToolTip(f"{marker.label} (step {marker.step}, {marker.t:.1f} s)")
+                plot.addItem(line, ignoreBounds=True)
+                lines.append(line)
+            self._marker_lines.append((marker, lines))
+            self._place_marker(marker)
+
+    def _follow(self, data: dict) -> None:
+        t_max = max((float(t[-1]) for t, _ in data.values() if len(t)), default=0.0)
+        if t_max <= 0:
+            return
+        t_min = 0.0 if self.window_s is None else max(0.0, t_max - self.window_s)
+        x0, x1 = self._x(np.array([t_min, t_max]))
+        if x1 <= x0:
+            x1 = x0 + 1
+        self._setting_range = True
+        try:
+            self.plots["host"].setXRange(float(x0), float(x1), padding=0.01)
+            for plot in self.plots.values():
+                plot.enableAutoRange(axis="y")
+                plot.setAutoVisible(y=True)
+        finally:
+            self._setting_range = False
+
+    @Slot()
+    def _user_moved(self, *_: object) -> None:
+        if not self._setting_range and self.follow:
+            self.follow = False
+            self.follow_changed.emit(False)
+
+    # -- hover readout --------------------------------------------------------------------
+    def value_at(self, key: str, x: float) -> float | None:
+        """Value of a series at the sample nearest to ``x`` (in current X units)."""
+        xs, vs = self._xy.get(key, (np.empty(0), np.empty(0)))
+        if not len(xs):
+            return None
+        i = int(np.clip(np.searchsorted(xs, x), 0, len(xs) - 1))
+        if i > 0 and abs(xs[i - 1] - x) < abs(xs[i] - x):
+            i -= 1
+        return float(vs[i])
+
+    def _hover(self, event: tuple[QPointF]) -> None:
+        pos = event[0]
+        plot = next(
+            (
+                p
+                for p in (*self.plots.values(), self.steps_plot)
+                if p.isVisible() and p.sceneBoundingRect().contains(pos)
+            ),
+            None,
+        )
+        if plot is None:
+            for line in self._crosshairs:
+                line.setVisible(False)
+            return
+        x = plot.vb.mapSceneToView(pos).x()
+        self.show_readout(x)
+
+    def show_readout(self, x: float) -> str:
+        """Put the crosshair at ``x`` and list every visible series' value there."""
+        for line in self._crosshairs:
+            line.setValue(x)
+            line.setVisible(True)
+        head = f"t = {x:,.1f} s" if self.x_mode == "time" else f"step {x:,.1f}"
+        parts = [f"<b>{head}</b>"]
+        for key, curve in self._curves.items():
+            if not curve.isVisible():
+                continue
+            value = self.value_at(key, x)
+            if value is not None:
+                color = series_color(key).name()
+                parts.append(
+                    f"<span style='color:{color}'>{series_label(key)}</span> {format_bytes(value)}"
+                )
+        text = " &nbsp;·&nbsp; ".join(parts)
+        self.readout.setText(text, color=self.palette().color(QPalette.Text).name())
+        return text

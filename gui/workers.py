@@ -1,0 +1,83 @@
+"""Worker objects that run off the GUI thread: the script, and user commands.
+
+Each is a QObject moved to a QThread (the superqt/napari pattern): the thread's
+``started`` signal calls the worker's slot, the worker's ``finished`` quits the thread,
+and the window waits for the thread before it closes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QObject, Qt, QThread, Signal, SignalInstance, Slot
+
+from torchmem.source import InProcessSource
+
+
+class ScriptWorker(QObject):
+    """Runs one script through the in-process source, in its own QThread."""
+
+    finished = Signal(object)  # RunFinished
+
+    def __init__(
+        self, source: InProcessSource, script: str, args: list[str], cwd: str | None
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.script = script
+        self.args = args
+        self.cwd = cwd
+
+    @Slot()
+    def run(self) -> None:
+        """Run the script to its end (the runner never raises for the script's errors)."""
+        result = self.source.run_script(self.script, self.args, self.cwd)
+        self.finished.emit(result)
+
+
+class CommandWorker(QObject):
+    """Runs gc.collect / empty_cache / reset peaks off the GUI thread, one at a time."""
+
+    done = Signal(object)  # CommandResult
+
+    def __init__(self, source: InProcessSource) -> None:
+        super().__init__()
+        self.source = source
+
+    @Slot(str)
+    def run(self, name: str) -> None:
+        """Run one command; its result also lands in the Session."""
+        self.done.emit(self.source.command(name))
+
+
+def start_in_thread(
+    worker: QObject, name: str, entry: object = None, done: SignalInstance | None = None
+) -> QThread:
+    """Move ``worker`` to a new QThread, call ``entry`` when it starts, and start it.
+
+    When ``done`` fires, the thread's event loop quits from the worker's own thread (a
+    direct connection), so the thread ends even while the GUI thread is busy waiting.
+    """
+    thread = QThread()
+    thread.setObjectName(name)
+    worker.moveToThread(thread)
+    if entry is not None:
+        thread.started.connect(entry)
+    if done is not None:
+        done.connect(thread.quit, Qt.DirectConnection)
+    thread.start()
+    return thread
+
+
+def wait_thread(thread: QThread, timeout_ms: int) -> bool:
+    """Wait for ``thread`` to finish without starving it of the GIL.
+
+    ``QThread.wait`` keeps the GIL while it blocks, so a long wait would stop the very
+    Python code it waits for. Short waits with GIL-free sleeps in between let it run.
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not thread.wait(5):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True

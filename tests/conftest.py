@@ -1,0 +1,113 @@
+"""Shared fixtures: offscreen Qt, private settings, a stub accelerator, thread hygiene."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+from weakref import WeakKeyDictionary
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Keep the user's real settings out of the tests.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="torchmem-test-config-")
+
+SCRIPTS = Path(__file__).parent / "scripts"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def script_path():
+    """Path of a test script in tests/scripts by name."""
+    return lambda name: str(SCRIPTS / name)
+
+
+@pytest.fixture(autouse=True)
+def _no_dangling_threads(request, monkeypatch):
+    """Fail any test that leaves a QThread or a torchmem thread running."""
+    started: WeakKeyDictionary = WeakKeyDictionary()
+    if "PySide6" in sys.modules or "qtbot" in request.fixturenames:
+        from PySide6.QtCore import QThread
+
+        base_start = QThread.start
+
+        def start(self, *args):
+            started[self] = "".join(traceback.format_stack(limit=6)[:-1])
+            base_start(self, *args)
+
+        monkeypatch.setattr(QThread, "start", start)
+    yield
+    dangling = []
+    for thread, where in list(started.items()):
+        try:
+            if thread.isRunning():
+                dangling.append(f"QThread {thread.objectName()!r} started at:\n{where}")
+        except RuntimeError:  # the C++ object is gone: not running
+            pass
+    dangling += [
+        f"thread {t.name!r}"
+        for t in threading.enumerate()
+        if t.name.startswith("torchmem") and t.is_alive()
+    ]
+    assert not dangling, "threads left running:\n" + "\n".join(dangling)
+
+
+class StubCuda:
+    """A stand-in for ``torch.cuda`` with a caching allocator we control."""
+
+    def __init__(self, devices: int = 1, total: int = 80 << 30) -> None:
+        self.initialized = True
+        self.allocated = [0] * devices
+        self.reserved = [0] * devices
+        self.peak = [0] * devices
+        self.total = total
+        self.calls: list[str] = []
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def current_device(self) -> int:
+        return 0
+
+    def device_count(self) -> int:
+        return len(self.allocated)
+
+    def memory_allocated(self, i: int) -> int:
+        return self.allocated[i]
+
+    def memory_reserved(self, i: int) -> int:
+        return self.reserved[i]
+
+    def max_memory_allocated(self, i: int) -> int:
+        return self.peak[i]
+
+    def get_device_properties(self, i: int) -> SimpleNamespace:
+        return SimpleNamespace(total_memory=self.total)
+
+    def alloc(self, i: int, nbytes: int) -> None:
+        """Simulate tensors of ``nbytes`` allocated on device ``i``."""
+        self.allocated[i] += nbytes
+        self.reserved[i] = max(self.reserved[i], self.allocated[i] + (2 << 20))
+        self.peak[i] = max(self.peak[i], self.allocated[i])
+
+    def free(self, i: int, nbytes: int) -> None:
+        self.allocated[i] -= nbytes
+
+    def empty_cache(self) -> None:
+        self.calls.append("empty_cache")
+        self.reserved = list(self.allocated)
+
+    def reset_peak_memory_stats(self, i: int) -> None:
+        self.calls.append(f"reset_peak_memory_stats({i})")
+        self.peak[i] = self.allocated[i]
+
+
+@pytest.fixture
+def stub_cuda():
+    """A stub CUDA runtime: 1 device, 80 GiB."""
+    return StubCuda()

@@ -1,0 +1,5 @@
+def helper():
+    raise RuntimeError("boom at import")
+
+
+helper()

@@ -1,0 +1,3 @@
+print("fine")
+def broken(:
+    pass

@@ -1,0 +1,5 @@
+import os
+
+import sibling_module
+
+print("sibling says", sibling_module.VALUE, "cwd", os.getcwd())

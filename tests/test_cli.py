@@ -1,0 +1,100 @@
+"""The command line: headless runs with summaries, exit codes, and argument splitting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, SCRIPTS
+from torchmem.cli import gui_parser, main
+from torchmem.resources import demo_script
+
+
+def torchmem(*args, timeout=240):
+    return subprocess.run(
+        [sys.executable, "-m", "torchmem", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_run_demo_writes_a_summary(tmp_path):
+    out = tmp_path / "summary.json"
+    proc = torchmem("run", "--summary", str(out), str(demo_script()),
+                    "--epochs", "2", "--steps", "6", "--batch-size", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert "demo: finished 12 steps" in proc.stdout, "the script's output is echoed"
+    data = json.loads(out.read_text())
+    assert data["exit_code"] == 0 and data["status"] == "finished"
+    assert data["steps"] == 12
+    assert data["samples"] >= 2
+    assert data["duration_s"] > 0
+    assert data["peak_bytes"]["cpu_rss"] > 50 << 20
+    assert data["alerts"] == []
+    assert data["argv"] == ["--epochs", "2", "--steps", "6", "--batch-size", "8"]
+    assert "12 steps" in proc.stderr and "peaks: RSS" in proc.stderr
+
+
+def test_run_exits_with_the_scripts_code_and_summarises_failures(tmp_path):
+    out = tmp_path / "s.json"
+    proc = torchmem("run", "--summary", str(out), str(SCRIPTS / "exit3.py"))
+    assert proc.returncode == 3
+    assert json.loads(out.read_text())["exit_code"] == 3
+    proc = torchmem("run", "--summary", str(out), str(SCRIPTS / "raises_at_import.py"))
+    assert proc.returncode == 1
+    assert "RuntimeError: boom at import" in proc.stderr
+    data = json.loads(out.read_text())
+    assert data["status"] == "failed" and "boom at import" in data["traceback"]
+
+
+def test_run_uses_the_main_thread_so_signals_work():
+    proc = torchmem("run", "--quiet", str(SCRIPTS / "uses_signal.py"))
+    assert proc.returncode == 0, proc.stderr
+    assert "installed a handler" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "missing.py"], "No such script"),
+        (["run", str(SCRIPTS / "notes.txt")], "Syntax error"),
+        (["run", str(SCRIPTS)], "is a folder"),
+        (["run", "--hz", "500", "x.py"], "between 1 and 100 Hz"),
+        (["run"], "the following arguments are required: script"),
+    ],
+)
+def test_run_bad_input_is_explained(args, message):
+    proc = torchmem(*args, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_main_py_and_version_work_from_the_checkout():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "run", "--quiet", str(SCRIPTS / "ok_print.py"), "a"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "hello from the script ['a']" in proc.stdout
+    assert torchmem("--version", timeout=60).stdout.startswith("torchmem 0.1.0")
+
+
+def test_options_before_the_script_are_torchmems_after_it_the_scripts():
+    opts = gui_parser().parse_args(["--hz", "20", "train.py", "--hz", "5", "--lr", "0.1"])
+    assert opts.hz == 20 and opts.script == "train.py"
+    assert opts.args == ["--hz", "5", "--lr", "0.1"]
+
+
+def test_demo_arguments_go_to_the_demo(monkeypatch):
+    seen = {}
+
+    class FakeApp:
+        @staticmethod
+        def main(opts):
+            seen.update(vars(opts))
+            return 0
+
+    monkeypatch.setattr("importlib.import_module", lambda name: FakeApp)
+    assert main(["--demo", "--leak", "--steps", "5"]) == 0
+    assert seen["demo"] and seen["args"] == ["--leak", "--steps", "5"]

@@ -1,0 +1,74 @@
+"""gc.collect, empty_cache and reset peaks each say what they changed."""
+
+from __future__ import annotations
+
+import gc
+import re
+
+from torchmem.backends import ProcessBackend, TorchAllocatorBackend
+from torchmem.commands import empty_cache, gc_collect, reset_peaks
+from torchmem.session import Session
+from torchmem.source import InProcessSource
+
+
+def now():
+    return 1.0
+
+
+def _make_cycles(n):
+    for _ in range(n):
+        a, b = [], []
+        a.append(b)
+        b.append(a)
+
+
+def test_gc_collect_counts_objects_and_reports_rss():
+    gc.collect()
+    gc.disable()  # so that the automatic collector does not take the cycles first
+    try:
+        _make_cycles(500)
+        result = gc_collect([ProcessBackend()], now)
+    finally:
+        gc.enable()
+    assert result.ok
+    assert result.changes["collected"] >= 1000
+    assert re.match(r"gc\.collect: [\d,]+ objects collected in \d+ ms, RSS [+-]?", result.message)
+
+
+def test_empty_cache_reports_what_was_released(stub_cuda):
+    stub_cuda.alloc(0, 300 << 20)
+    stub_cuda.free(0, 200 << 20)  # the allocator keeps the freed blocks cached
+    backend = TorchAllocatorBackend(stub_cuda, "cuda")
+    result = empty_cache([ProcessBackend(), backend], now)
+    assert stub_cuda.calls == ["empty_cache"]
+    assert result.changes["cuda:0/reserved"] == -(202 << 20)
+    assert result.message == "empty_cache: cuda:0 reserved -202.0 MiB (now 100.0 MiB)"
+
+
+def test_empty_cache_without_accelerator_says_so():
+    result = empty_cache([ProcessBackend()], now)
+    assert not result.ok
+    assert "no accelerator" in result.message
+
+
+def test_reset_peaks_names_old_and_new_peaks(stub_cuda):
+    stub_cuda.alloc(0, 1 << 30)
+    stub_cuda.free(0, 768 << 20)
+    backend = TorchAllocatorBackend(stub_cuda, "cuda")
+    result = reset_peaks([backend], now, {"cpu/rss": 900 << 20})
+    assert "cuda:0 peak allocated 1.00 GiB -> 256.0 MiB" in result.message
+    assert stub_cuda.calls == ["reset_peak_memory_stats(0)"]
+
+
+def test_session_forgets_its_peaks_when_told(stub_cuda):
+    session = Session()
+    source = InProcessSource(session, [ProcessBackend(), TorchAllocatorBackend(stub_cuda, "cuda")])
+    stub_cuda.alloc(0, 512 << 20)
+    source.sampler.sample()
+    stub_cuda.free(0, 500 << 20)
+    source.sampler.sample()
+    assert session.latest()["cuda:0/allocated"][1] == 512 << 20
+    result = source.command("reset_peaks")
+    assert result.ok and session.commands[-1] is result
+    assert session.latest()["cuda:0/allocated"][1] == 12 << 20
+    assert source.command("bogus").ok is False

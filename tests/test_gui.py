@@ -1,0 +1,287 @@
+"""The window, driven as a user would: run, watch, press buttons, stop, fail, close."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QApplication
+
+from torchmem.backends import ProcessBackend, TorchAllocatorBackend
+from torchmem.events import RunStatus, Sample
+from torchmem.gui.bridge import REDRAW_HZ
+from torchmem.gui.main_window import MainWindow
+from torchmem.gui.theme import apply_theme
+from torchmem.resources import demo_script
+from torchmem.session import Session
+from torchmem.source import InProcessSource
+
+RUN_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture
+def settings_path(tmp_path):
+    return str(tmp_path / "settings.ini")
+
+
+@pytest.fixture
+def make_window(qtbot, settings_path):
+    windows = []
+
+    def make(backends=None):
+        source = InProcessSource(Session(), backends or [ProcessBackend()])
+        window = MainWindow(source, QSettings(settings_path, QSettings.IniFormat))
+        qtbot.addWidget(window)
+        window.show()
+        windows.append(window)
+        return window
+
+    yield make
+    for window in windows:
+        window.close()
+
+
+@pytest.fixture
+def window(make_window):
+    return make_window()
+
+
+def finish(qtbot, window):
+    qtbot.waitUntil(lambda: window.last_result is not None and not window.running,
+                    timeout=RUN_TIMEOUT_MS)
+    return window.last_result
+
+
+def log_text(window):
+    return window.log.toPlainText()
+
+
+def test_demo_runs_and_its_memory_is_drawn(qtbot, window):
+    window.load_script(str(demo_script()), ["--epochs", "2", "--steps", "8", "--batch-size", "8"],
+                       run=True)
+    result = finish(qtbot, window)
+    assert result.exit_code == 0, log_text(window)
+    assert "demo: finished 16 steps" in log_text(window)
+    assert window.session.steps.steps == 16
+    assert "Finished (exit code 0)" in window.run_label.text()
+    assert "16 steps" in window.run_label.text()
+    assert {"cpu/rss", "system/available"} <= set(window.plot.curve_keys())
+    x, y = window.plot._curves["cpu/rss"].getData()
+    assert len(x) >= 2 and float(np.max(y)) > 10  # drawn in MiB: a real process is > 10 MiB
+    assert window.plot.samples_drawn == window.session.samples
+    epochs = [m.label for m, _ in window.plot._marker_lines]
+    assert epochs == ["epoch 1", "epoch 2"]
+    label, now, peak = window.readings.row_text("cpu/rss")
+    assert label == "process RSS" and now.endswith("MiB") and peak.endswith("MiB")
+
+
+def test_traces_move_while_the_script_runs_and_stop_stops_it(qtbot, window, script_path):
+    window.load_script(script_path("train_forever.py"), [], run=True)
+    qtbot.waitUntil(lambda: window.session.steps.steps >= 3 and window.plot.samples_drawn >= 3,
+                    timeout=RUN_TIMEOUT_MS)
+    assert window.running and "Running" in window.run_label.text()
+    drawn = window.plot.samples_drawn
+    qtbot.waitUntil(lambda: window.plot.samples_drawn > drawn, timeout=10_000)
+    window.act_stop.trigger()
+    result = finish(qtbot, window)
+    assert result.status is RunStatus.STOPPED
+    assert "stopped by the user at step" in window.banner.text()
+    assert window.act_run.isEnabled() and not window.act_stop.isEnabled()
+    assert "cpu/rss" in window.plot.curve_keys(), "traces stay after the run"
+
+
+def test_a_script_that_never_steps_is_still_stopped(qtbot, window, script_path):
+    window.load_script(script_path("never_steps.py"), [], run=True)
+    qtbot.waitUntil(lambda: "spinning" in log_text(window), timeout=RUN_TIMEOUT_MS)
+    window.stop()
+    assert finish(qtbot, window).status is RunStatus.STOPPED
+
+
+def test_a_failing_script_shows_its_traceback_and_keeps_the_traces(qtbot, window, script_path):
+    window.load_script(script_path("raises_at_import.py"), [], run=True)
+    result = finish(qtbot, window)
+    assert result.exit_code == 1
+    assert "Traceback" in log_text(window) and "RuntimeError: boom at import" in log_text(window)
+    assert "raised RuntimeError: boom at import" in window.banner.text()
+    assert "Failed (exit code 1)" in window.run_label.text()
+    assert "cpu/rss" in window.plot.curve_keys()
+    assert window.isVisible()
+
+
+def test_sys_exit_code_shows_in_the_status_bar(qtbot, window, script_path):
+    window.load_script(script_path("exit3.py"), [], run=True)
+    finish(qtbot, window)
+    assert "exit code 3" in window.run_label.text()
+    assert "sys.exit(3)" in window.statusBar().currentMessage()
+
+
+def test_out_of_memory_is_explained(qtbot, window, script_path):
+    window.load_script(script_path("oom.py"), [], run=True)
+    assert finish(qtbot, window).status is RunStatus.OOM
+    assert "out of memory" in window.banner.text() and "batch size" in window.banner.text()
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("missing.py", "No such script"),
+        ("with_sibling", "is a folder, not a script"),
+        ("notes.txt", "Is it a Python script at all?"),
+        ("syntax_error.py", "Syntax error in syntax_error.py, line 2"),
+    ],
+)
+def test_bad_scripts_are_refused_with_a_message(window, script_path, name, message):
+    assert window.load_script(script_path(name), [], run=True) is False
+    assert message in window.banner.text()
+    assert not window.running
+    assert message in window.statusBar().currentMessage() or message in log_text(window)
+
+
+def test_signal_handlers_point_to_the_headless_mode(qtbot, window, script_path):
+    window.load_script(script_path("uses_signal.py"), [], run=True)
+    finish(qtbot, window)
+    assert "main thread" in window.banner.text() and "torchmem run" in window.banner.text()
+
+
+def test_dataloader_workers_run_to_the_end(qtbot, window, script_path):
+    window.load_script(script_path("dataloader_workers.py"), [], run=True)
+    assert finish(qtbot, window).exit_code == 0, log_text(window)
+    assert "batches 4" in log_text(window)
+
+
+def test_script_arguments_come_from_the_toolbar(qtbot, window, script_path):
+    window.load_script(script_path("ok_print.py"), ["--lr", "0.1"])
+    assert window.args_edit.text() == "--lr 0.1"
+    window.args_edit.setText("--name 'two words'")
+    window.run()
+    finish(qtbot, window)
+    assert "hello from the script ['--name', 'two words']" in log_text(window)
+    window.args_edit.setText("'unclosed")
+    assert window.run() is False
+    assert "Cannot parse the script arguments" in window.banner.text()
+
+
+def test_gc_collect_button_reports_what_it_freed(qtbot, window, script_path):
+    window.load_script(script_path("train_steps.py"), ["3"], run=True)
+    finish(qtbot, window)
+    window.act_gc.trigger()
+    qtbot.waitUntil(lambda: window.statusBar().currentMessage().startswith("gc.collect:"))
+    message = window.statusBar().currentMessage()
+    assert "objects collected" in message and "RSS" in message
+    qtbot.waitUntil(lambda: message in log_text(window))
+    window.act_reset.trigger()
+    qtbot.waitUntil(lambda: window.statusBar().currentMessage().startswith("Reset peaks:"))
+    assert "RSS peak" in window.statusBar().currentMessage()
+
+
+def test_empty_cache_is_disabled_without_an_accelerator(window):
+    assert not window.act_empty.isEnabled()
+    assert "No accelerator" in window.act_empty.toolTip()
+
+
+def test_accelerator_traces_and_empty_cache_with_a_stub_device(qtbot, make_window, stub_cuda,
+                                                               script_path):
+    window = make_window([ProcessBackend(), TorchAllocatorBackend(stub_cuda, "cuda")])
+    assert window.act_empty.isEnabled()
+    stub_cuda.alloc(0, 3 << 30)
+    stub_cuda.free(0, 1 << 30)
+    window.load_script(script_path("train_steps.py"), ["3"], run=True)
+    finish(qtbot, window)
+    assert window.plot.plots["accelerator"].isVisible()
+    assert {"cuda:0/allocated", "cuda:0/reserved", "cuda:0/peak_allocated"} <= set(
+        window.plot.curve_keys())
+    assert window.plot.plots["accelerator"].getAxis("left").labelText == "memory (GiB)"
+    window.readings.refresh()
+    assert window.readings.item(window.readings._rows["cuda:0/allocated"], 3).text() == "2.5 %"
+    window.act_empty.trigger()
+    qtbot.waitUntil(lambda: window.statusBar().currentMessage().startswith("empty_cache:"))
+    assert "cuda:0 reserved -1.00 GiB (now 2.00 GiB)" in window.statusBar().currentMessage()
+
+
+def test_x_axis_in_steps_units_and_hover(qtbot, window, script_path):
+    window.load_script(script_path("train_steps.py"), ["12"], run=True)
+    finish(qtbot, window)
+    window.act_steps.trigger()
+    assert window.plot.x_mode == "steps"
+    assert window.plot.steps_plot.getAxis("bottom").labelText == "step"
+    x, _ = window.plot._curves["cpu/rss"].getData()
+    assert float(x.max()) == pytest.approx(12, abs=0.01)
+    assert window.plot.plots["host"].getAxis("left").labelText == "memory (MiB)"
+    window.unit_combo.setCurrentText("GiB")
+    assert window.plot.plots["host"].getAxis("left").labelText == "memory (GiB)"
+    text = window.plot.show_readout(6.0)
+    assert "step 6.0" in text and "process RSS" in text and "MiB" in text
+
+
+def test_panning_turns_follow_off_and_pause_freezes_the_picture(qtbot, window):
+    window.source.sampler.sample()
+    window.bridge.flush()
+    vb = window.plot.plots["host"].vb
+    vb.sigRangeChangedManually.emit([True, False])
+    assert not window.act_follow.isChecked() and not window.plot.follow
+    window.act_pause.trigger()
+    drawn = window.plot.samples_drawn
+    for _ in range(3):
+        window.source.sampler.sample()
+    window.bridge.flush()
+    assert window.plot.samples_drawn == drawn
+    window.act_pause.trigger()
+    assert window.plot.samples_drawn == window.session.samples
+
+
+def test_redraws_are_throttled(qtbot, window):
+    session = window.session
+    start_redraws, started = window.bridge.redraws, time.monotonic()
+    for i in range(3000):
+        session.submit(Sample(session.now(), {"cpu/rss": float(i)}))
+    qtbot.waitUntil(lambda: window.plot.samples_drawn == session.samples)
+    elapsed = time.monotonic() - started
+    redraws = window.bridge.redraws - start_redraws
+    assert 1 <= redraws <= REDRAW_HZ * elapsed + 2, f"{redraws} redraws in {elapsed:.2f} s"
+
+
+def test_rerun_while_running_restarts(qtbot, window, script_path):
+    window.load_script(script_path("train_forever.py"), [], run=True)
+    qtbot.waitUntil(lambda: window.session.steps.steps >= 2, timeout=RUN_TIMEOUT_MS)
+    window.act_rerun.trigger()
+    qtbot.waitUntil(lambda: window._runs == 2 and window.running, timeout=RUN_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: window.session.steps.steps >= 1, timeout=RUN_TIMEOUT_MS)
+    window.stop()
+    finish(qtbot, window)
+
+
+def test_closing_while_a_script_runs_is_quick_and_clean(qtbot, make_window, script_path):
+    window = make_window()
+    window.load_script(script_path("train_forever.py"), [], run=True)
+    qtbot.waitUntil(lambda: window.session.steps.steps >= 2, timeout=RUN_TIMEOUT_MS)
+    started = time.monotonic()
+    window.close()
+    assert time.monotonic() - started < 5
+    assert not window.force_exit_needed
+    assert not window.source.sampler.running
+
+
+def test_view_settings_are_remembered(qtbot, make_window):
+    first = make_window()
+    first.act_steps.trigger()
+    first.unit_combo.setCurrentText("GiB")
+    first.rate_spin.setValue(25)
+    first.resize(700, 500)  # fits the offscreen 800x600 screen
+    first.close()
+    second = make_window()
+    assert second.plot.x_mode == "steps" and second.act_steps.isChecked()
+    assert second.unit_combo.currentText() == "GiB"
+    assert second.source.sampler.hz == 25
+    assert (second.width(), second.height()) == (700, 500)
+
+
+def test_dark_theme_darkens_the_plots(window):
+    try:
+        window.set_theme("dark")
+        assert window.plot.backgroundBrush().color().lightness() < 60
+        window.set_theme("light")
+        assert window.plot.backgroundBrush().color().lightness() > 200
+    finally:
+        apply_theme(QApplication.instance(), "system")

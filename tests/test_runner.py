@@ -1,0 +1,192 @@
+"""Running scripts in-process: output, exit codes, errors, stops, and a clean interpreter."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+
+from torchmem.events import LogRecord, Marker, MarkerKind, RunFinished, RunStatus, Stream
+from torchmem.runner import EXIT_STOPPED, ScriptError, ScriptRunner, validate_script
+from torchmem.session import Session
+
+
+def run(path, args=(), **kwargs):
+    events = []
+    runner = ScriptRunner(path, list(args), events.append, **kwargs)
+    result = runner.run()
+    return result, events, runner
+
+
+def logs(events, stream=None):
+    return "".join(e.text for e in events if isinstance(e, LogRecord) and
+                   (stream is None or e.stream is stream))
+
+
+def test_script_output_and_argv_are_captured(script_path, capsys):
+    result, events, _ = run(script_path("ok_print.py"), ["--lr", "0.1"])
+    assert result.status is RunStatus.FINISHED and result.exit_code == 0
+    assert "hello from the script ['--lr', '0.1']" in logs(events, Stream.STDOUT)
+    assert "to stderr" in logs(events, Stream.STDERR)
+    echoed = capsys.readouterr()
+    assert "hello from the script" in echoed.out, "output is still echoed to the terminal"
+
+
+def test_interpreter_state_is_restored(script_path):
+    argv, path, out, cwd = list(sys.argv), list(sys.path), sys.stdout, os.getcwd()
+    run(script_path("raises_at_import.py"))
+    assert sys.argv == argv and sys.path == path and sys.stdout is out and os.getcwd() == cwd
+
+
+def test_sys_exit_code_is_reported(script_path):
+    result, _, _ = run(script_path("exit3.py"))
+    assert result.status is RunStatus.FAILED
+    assert result.exit_code == 3
+    assert "sys.exit(3)" in result.message
+
+
+def test_exception_traceback_starts_at_the_script(script_path):
+    result, _, _ = run(script_path("raises_at_import.py"))
+    assert result.status is RunStatus.FAILED and result.exit_code == 1
+    assert "RuntimeError: boom at import" in result.traceback
+    assert "raises_at_import.py" in result.traceback
+    assert "runpy" not in result.traceback and "runner.py" not in result.traceback
+    assert result.message == "raised RuntimeError: boom at import"
+
+
+def test_out_of_memory_is_recognised_and_explained(script_path):
+    result, _, _ = run(script_path("oom.py"))
+    assert result.status is RunStatus.OOM
+    assert "smaller batch size" in result.message
+    assert "expandable_segments" in result.message
+
+
+def test_signal_in_a_thread_says_to_use_torchmem_run(script_path):
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(r=run(script_path("uses_signal.py"))[0]))
+    thread.start()
+    thread.join(60)
+    finished = result["r"]
+    assert finished.status is RunStatus.FAILED
+    assert "main thread" in finished.message and "torchmem run" in finished.message
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("does_not_exist.py", "No such script"),
+        ("with_sibling", "is a folder, not a script"),
+        ("notes.txt", "Is it a Python script at all?"),
+        ("syntax_error.py", "Syntax error in syntax_error.py, line 2"),
+    ],
+)
+def test_bad_scripts_get_a_clear_message(script_path, name, expected):
+    with pytest.raises(ScriptError, match=expected.replace("?", r"\?")):
+        validate_script(script_path(name))
+    result, events, _ = run(script_path(name))
+    assert result.status is RunStatus.FAILED and result.exit_code == 2
+    assert expected in result.message
+
+
+def test_binary_file_is_refused(tmp_path):
+    blob = tmp_path / "model.pt"
+    blob.write_bytes(b"PK\x03\x04\x00\x00binary")
+    with pytest.raises(ScriptError, match="binary file"):
+        validate_script(blob)
+
+
+def test_script_folder_is_on_sys_path_and_cwd_is_unchanged(script_path, tmp_path):
+    result, events, _ = run(script_path("with_sibling/main_script.py"))
+    assert result.exit_code == 0, result.traceback
+    assert f"sibling says 42 cwd {os.getcwd()}" in logs(events)
+    _, events, _ = run(script_path("with_sibling/main_script.py"), cwd=str(tmp_path))
+    assert f"cwd {tmp_path}" in logs(events)
+
+
+def test_optimizer_steps_and_marks_become_markers(script_path):
+    result, events, runner = run(script_path("train_steps.py"), ["12"])
+    assert result.exit_code == 0, result.traceback
+    steps = [e for e in events if isinstance(e, Marker) and e.kind is MarkerKind.STEP]
+    epochs = [e for e in events if isinstance(e, Marker) and e.kind is MarkerKind.EPOCH]
+    assert [s.step for s in steps] == list(range(1, 13))
+    assert [e.label for e in epochs] == ["epoch 1", "epoch 2", "epoch 3"]
+    assert [e.step for e in epochs] == [0, 4, 8]
+    assert runner.steps == 12
+
+
+def test_hand_written_updates_count_backward_calls(script_path):
+    _, _, runner = run(script_path("hand_update.py"))
+    assert runner.steps == 7
+
+
+def test_two_optimizers_count_one_step_per_iteration(script_path):
+    _, _, runner = run(script_path("gan_two_optimizers.py"))
+    assert runner.steps == 5
+
+
+def test_hooks_are_removed_after_the_run(script_path):
+    import torch
+
+    backward = torch.autograd.backward
+    run(script_path("train_steps.py"), ["2"])
+    assert torch.autograd.backward is backward
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    assert not _global_optimizer_post_hooks
+
+
+def _run_in_thread(runner):
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(r=runner.run()), name="test-script")
+    thread.start()
+    return thread, box
+
+
+def _wait_for(events, predicate, timeout=60):
+    ready = threading.Event()
+
+    def check(event):
+        events.append(event)
+        if predicate(event):
+            ready.set()
+
+    return check, ready
+
+
+def test_stop_lands_at_the_next_step(script_path):
+    events = []
+    check, ready = _wait_for(events, lambda e: isinstance(e, Marker) and e.step >= 3)
+    runner = ScriptRunner(script_path("train_forever.py"), [], check)
+    thread, box = _run_in_thread(runner)
+    assert ready.wait(60), "the script never reached step 3"
+    runner.request_stop(grace_s=30)
+    thread.join(30)
+    assert not thread.is_alive()
+    result: RunFinished = box["r"]
+    assert result.status is RunStatus.STOPPED and result.exit_code == EXIT_STOPPED
+    assert "stopped by the user at step" in result.message
+
+
+def test_stop_of_a_script_that_never_steps_falls_back(script_path):
+    events = []
+    check, ready = _wait_for(events, lambda e: isinstance(e, LogRecord) and "spinning" in e.text)
+    runner = ScriptRunner(script_path("never_steps.py"), [], check)
+    thread, box = _run_in_thread(runner)
+    assert ready.wait(60)
+    runner.request_stop(grace_s=0.2)
+    thread.join(30)
+    assert not thread.is_alive(), "the fallback stop did not end the script"
+    assert box["r"].status is RunStatus.STOPPED
+
+
+def test_dataloader_with_worker_processes_runs_in_a_thread(script_path):
+    session = Session()
+    runner = ScriptRunner(script_path("dataloader_workers.py"), [], session.submit, session.now)
+    thread, box = _run_in_thread(runner)
+    thread.join(120)
+    result = box["r"]
+    assert result.exit_code == 0, result.traceback + result.message
+    assert "batches 4" in "".join(r.text for r in session.logs)
+    assert runner.steps == 4

@@ -1,0 +1,95 @@
+"""The sampler reads counters at a steady rate and survives a broken backend."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from torchmem.backends import MemoryBackend, ProcessBackend, TorchAllocatorBackend, discover_backends
+from torchmem.sampler import Sampler, clamp_rate
+
+
+class Counting(MemoryBackend):
+    kind = "test"
+
+    def __init__(self):
+        self.n = 0
+
+    def read(self, out):
+        self.n += 1
+        out["test:0/allocated"] = float(self.n)
+
+
+class Broken(MemoryBackend):
+    kind = "broken"
+
+    def read(self, out):
+        raise RuntimeError("driver went away")
+
+
+def test_samples_arrive_at_the_set_rate_without_bunching():
+    times = []
+    enough = threading.Event()
+
+    def sink(sample):
+        times.append(sample.t)
+        if len(times) >= 40:
+            enough.set()
+
+    sampler = Sampler([Counting()], sink, hz=100)
+    sampler.start()
+    try:
+        assert enough.wait(10), "the sampler produced fewer than 40 samples in 10 s"
+    finally:
+        sampler.stop()
+    gaps = np.diff(times[:40])
+    assert 0.007 < float(np.median(gaps)) < 0.02, f"median gap {np.median(gaps):.4f} s at 100 Hz"
+    assert not sampler.running
+
+
+def test_a_failing_backend_does_not_stop_the_others():
+    sampler = Sampler([Broken(), Counting()], lambda s: None)
+    sample = sampler.sample()
+    assert sample.values == {"test:0/allocated": 1.0}
+
+
+def test_rate_is_clamped_to_1_to_100_hz():
+    assert clamp_rate(0.01) == 1.0
+    assert clamp_rate(1000) == 100.0
+    sampler = Sampler([], lambda s: None, hz=500)
+    assert sampler.hz == 100.0
+    sampler.set_rate(5)
+    assert sampler.hz == 5.0
+
+
+def test_process_backend_reads_rss_and_system_memory():
+    values = {}
+    ProcessBackend().read(values)
+    assert values["cpu/rss"] > 10 << 20
+    assert values["system/available"] > 0
+    assert "cpu/uss" in values  # first read includes USS; later ones at most every 2 s
+    again = {}
+    ProcessBackend(uss_every_s=3600).read(again)
+    assert "cpu/rss" in again
+
+
+def test_accelerator_backend_reads_counters_only_once_initialised(stub_cuda):
+    backend = TorchAllocatorBackend(stub_cuda, "cuda")
+    stub_cuda.initialized = False
+    values = {}
+    backend.read(values)
+    assert values == {}, "no readings (and no context creation) before the script uses CUDA"
+    stub_cuda.initialized = True
+    stub_cuda.alloc(0, 100 << 20)
+    backend.read(values)
+    assert values["cuda:0/allocated"] == 100 << 20
+    assert values["cuda:0/reserved"] == (100 << 20) + (2 << 20)
+    assert values["cuda:0/peak_allocated"] == 100 << 20
+    assert backend.capacity() == {"cuda:0": 80 << 30}
+    assert stub_cuda.calls == [], "reading must not empty caches or reset peaks"
+
+
+def test_discovery_on_this_machine_has_host_memory():
+    kinds = [b.kind for b in discover_backends()]
+    assert kinds[0] == "cpu"
