@@ -283,8 +283,6 @@ class MainWindow(QMainWindow):
         self._command_worker = CommandWorker(self.source)
         self._command_thread = start_in_thread(self._command_worker, "torchmem-commands")
         self.command_requested.connect(self._command_worker.run)
-        self._command_worker.done.connect(self._on_command_done)
-        self._commands_busy = False
 
     # -- settings -------------------------------------------------------------------------
     def _restore_settings(self) -> None:
@@ -518,17 +516,13 @@ class MainWindow(QMainWindow):
 
     # -- commands -------------------------------------------------------------------------
     def run_command(self, name: str) -> None:
-        """Run gc.collect / empty_cache / reset peaks in the command thread."""
-        if self._commands_busy:
-            self.statusBar().showMessage("A command is still running…", 3000)
-            return
-        self._commands_busy = True
+        """Queue gc.collect / empty_cache / reset peaks for the command thread.
+
+        Commands run one after another in that thread, in the order they were pressed;
+        each result arrives through the Session like any other event.
+        """
         self.statusBar().showMessage(f"{COMMAND_LABELS.get(name, name)}…")
         self.command_requested.emit(name)
-
-    @Slot(object)
-    def _on_command_done(self, result: CommandResult) -> None:
-        self._commands_busy = False
 
     # -- state ----------------------------------------------------------------------------
     def _update_actions(self) -> None:

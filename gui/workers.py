@@ -38,16 +38,14 @@ class ScriptWorker(QObject):
 class CommandWorker(QObject):
     """Runs gc.collect / empty_cache / reset peaks off the GUI thread, one at a time."""
 
-    done = Signal(object)  # CommandResult
-
     def __init__(self, source: InProcessSource) -> None:
         super().__init__()
         self.source = source
 
     @Slot(str)
     def run(self, name: str) -> None:
-        """Run one command; its result also lands in the Session."""
-        self.done.emit(self.source.command(name))
+        """Run one command; its result lands in the Session."""
+        self.source.command(name)
 
 
 def start_in_thread(

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, SCRIPTS
+
 from torchmem.cli import gui_parser, main
 from torchmem.resources import demo_script
 
@@ -21,8 +21,18 @@ def torchmem(*args, timeout=240):
 
 def test_run_demo_writes_a_summary(tmp_path):
     out = tmp_path / "summary.json"
-    proc = torchmem("run", "--summary", str(out), str(demo_script()),
-                    "--epochs", "2", "--steps", "6", "--batch-size", "8")
+    proc = torchmem(
+        "run",
+        "--summary",
+        str(out),
+        str(demo_script()),
+        "--epochs",
+        "2",
+        "--steps",
+        "6",
+        "--batch-size",
+        "8",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "demo: finished 12 steps" in proc.stdout, "the script's output is echoed"
     data = json.loads(out.read_text())
@@ -72,8 +82,17 @@ def test_run_bad_input_is_explained(args, message):
 
 def test_main_py_and_version_work_from_the_checkout():
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "main.py"), "run", "--quiet", str(SCRIPTS / "ok_print.py"), "a"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "run",
+            "--quiet",
+            str(SCRIPTS / "ok_print.py"),
+            "a",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "hello from the script ['a']" in proc.stdout

@@ -25,7 +25,9 @@ def test_import_torchmem_loads_no_qt():
 def test_headless_run_loads_no_qt():
     out = subprocess.run(
         [sys.executable, "-m", "torchmem", "run", "--quiet", str(SCRIPTS / "qt_check.py")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert "qt loaded: False" in out.stdout

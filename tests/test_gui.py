@@ -49,8 +49,9 @@ def window(make_window):
 
 
 def finish(qtbot, window):
-    qtbot.waitUntil(lambda: window.last_result is not None and not window.running,
-                    timeout=RUN_TIMEOUT_MS)
+    qtbot.waitUntil(
+        lambda: window.last_result is not None and not window.running, timeout=RUN_TIMEOUT_MS
+    )
     return window.last_result
 
 
@@ -59,8 +60,9 @@ def log_text(window):
 
 
 def test_demo_runs_and_its_memory_is_drawn(qtbot, window):
-    window.load_script(str(demo_script()), ["--epochs", "2", "--steps", "8", "--batch-size", "8"],
-                       run=True)
+    window.load_script(
+        str(demo_script()), ["--epochs", "2", "--steps", "8", "--batch-size", "8"], run=True
+    )
     result = finish(qtbot, window)
     assert result.exit_code == 0, log_text(window)
     assert "demo: finished 16 steps" in log_text(window)
@@ -79,8 +81,10 @@ def test_demo_runs_and_its_memory_is_drawn(qtbot, window):
 
 def test_traces_move_while_the_script_runs_and_stop_stops_it(qtbot, window, script_path):
     window.load_script(script_path("train_forever.py"), [], run=True)
-    qtbot.waitUntil(lambda: window.session.steps.steps >= 3 and window.plot.samples_drawn >= 3,
-                    timeout=RUN_TIMEOUT_MS)
+    qtbot.waitUntil(
+        lambda: window.session.steps.steps >= 3 and window.plot.samples_drawn >= 3,
+        timeout=RUN_TIMEOUT_MS,
+    )
     assert window.running and "Running" in window.run_label.text()
     drawn = window.plot.samples_drawn
     qtbot.waitUntil(lambda: window.plot.samples_drawn > drawn, timeout=10_000)
@@ -181,8 +185,9 @@ def test_empty_cache_is_disabled_without_an_accelerator(window):
     assert "No accelerator" in window.act_empty.toolTip()
 
 
-def test_accelerator_traces_and_empty_cache_with_a_stub_device(qtbot, make_window, stub_cuda,
-                                                               script_path):
+def test_accelerator_traces_and_empty_cache_with_a_stub_device(
+    qtbot, make_window, stub_cuda, script_path
+):
     window = make_window([ProcessBackend(), TorchAllocatorBackend(stub_cuda, "cuda")])
     assert window.act_empty.isEnabled()
     stub_cuda.alloc(0, 3 << 30)
@@ -191,7 +196,8 @@ def test_accelerator_traces_and_empty_cache_with_a_stub_device(qtbot, make_windo
     finish(qtbot, window)
     assert window.plot.plots["accelerator"].isVisible()
     assert {"cuda:0/allocated", "cuda:0/reserved", "cuda:0/peak_allocated"} <= set(
-        window.plot.curve_keys())
+        window.plot.curve_keys()
+    )
     assert window.plot.plots["accelerator"].getAxis("left").labelText == "memory (GiB)"
     window.readings.refresh()
     assert window.readings.item(window.readings._rows["cuda:0/allocated"], 3).text() == "2.5 %"

@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from PySide6.QtGui import QImage
-
 from conftest import ROOT
+from PySide6.QtGui import QImage
 
 REQUIRED = os.environ.get("TORCHMEM_REQUIRE_XVFB") == "1"
 
@@ -30,17 +29,34 @@ def test_demo_in_a_real_window_draws_and_is_screenshotted(display, tmp_path):
     shot = tmp_path / "screenshot.png"
     env = dict(os.environ, DISPLAY=display, QT_QPA_PLATFORM="xcb")
     proc = subprocess.run(
-        [sys.executable, "-m", "torchmem", "--screenshot", str(shot), "--screenshot-after", "25",
-         "--demo", "--epochs", "3", "--steps", "60"],
-        capture_output=True, text=True, timeout=240, env=env, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "torchmem",
+            "--screenshot",
+            str(shot),
+            "--screenshot-after",
+            "25",
+            "--demo",
+            "--epochs",
+            "3",
+            "--steps",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "screenshot saved" in proc.stderr
     image = QImage(str(shot))
     assert not image.isNull() and image.width() >= 800 and image.height() >= 500
     # A real picture, not a blank frame: many distinct colours.
-    colours = {image.pixel(x, y) for x in range(0, image.width(), 7)
-               for y in range(0, image.height(), 7)}
+    colours = {
+        image.pixel(x, y) for x in range(0, image.width(), 7) for y in range(0, image.height(), 7)
+    }
     assert len(colours) > 20
     keep = os.environ.get("TORCHMEM_SCREENSHOT_DIR")
     if keep:

@@ -21,8 +21,11 @@ def run(path, args=(), **kwargs):
 
 
 def logs(events, stream=None):
-    return "".join(e.text for e in events if isinstance(e, LogRecord) and
-                   (stream is None or e.stream is stream))
+    return "".join(
+        e.text
+        for e in events
+        if isinstance(e, LogRecord) and (stream is None or e.stream is stream)
+    )
 
 
 def test_script_output_and_argv_are_captured(script_path, capsys):
@@ -85,7 +88,7 @@ def test_signal_in_a_thread_says_to_use_torchmem_run(script_path):
 def test_bad_scripts_get_a_clear_message(script_path, name, expected):
     with pytest.raises(ScriptError, match=expected.replace("?", r"\?")):
         validate_script(script_path(name))
-    result, events, _ = run(script_path(name))
+    result, _events, _ = run(script_path(name))
     assert result.status is RunStatus.FAILED and result.exit_code == 2
     assert expected in result.message
 

@@ -6,7 +6,12 @@ import threading
 
 import numpy as np
 
-from torchmem.backends import MemoryBackend, ProcessBackend, TorchAllocatorBackend, discover_backends
+from torchmem.backends import (
+    MemoryBackend,
+    ProcessBackend,
+    TorchAllocatorBackend,
+    discover_backends,
+)
 from torchmem.sampler import Sampler, clamp_rate
 
 

@@ -68,7 +68,7 @@ def test_step_clock_maps_time_to_steps_and_thins_when_full():
     clock = StepClock(capacity=8)
     for step in range(1, 21):
         clock.add(step * 0.5, step)
-    times, steps = clock.boundaries()
+    times, _steps = clock.boundaries()
     assert len(times) <= 8
     assert clock.steps == 20
     x = clock.to_steps(np.array([0.0, 5.0, 10.0, 99.0]))

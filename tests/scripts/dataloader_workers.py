@@ -1,4 +1,5 @@
 """A DataLoader with two worker processes."""
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 

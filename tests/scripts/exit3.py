@@ -1,3 +1,4 @@
 import sys
+
 print("about to exit")
 sys.exit(3)

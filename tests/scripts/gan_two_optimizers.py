@@ -1,4 +1,5 @@
 """Two optimizers stepping in each iteration (a GAN's shape): one step per iteration."""
+
 import torch
 
 g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)

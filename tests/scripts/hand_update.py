@@ -1,4 +1,5 @@
 """Updates parameters by hand: no optimizer, one backward per step."""
+
 import torch
 
 w = torch.randn(16, 4, requires_grad=True)

@@ -1,4 +1,5 @@
 """Loops forever without an optimizer, a backward, a mark or a module call."""
+
 import time
 
 print("spinning", flush=True)

@@ -1,3 +1,4 @@
 import sys
 
-print("qt loaded:", any(m.split(".")[0] in ("PySide6", "pyqtgraph", "shiboken6") for m in sys.modules))
+QT = ("PySide6", "pyqtgraph", "shiboken6")
+print("qt loaded:", any(m.split(".")[0] in QT for m in sys.modules))

@@ -1,4 +1,5 @@
 """N optimizer steps (argv[1], default 12), with an epoch mark every 4 steps."""
+
 import sys
 
 import torch
