@@ -100,6 +100,15 @@ def main() -> None:
     for name, times in results.items():
         med = statistics.median(times)
         print(f"{name:<18} {med * 1000:>9.2f} ms {med / base:>7.3f}")
+    sampler = Sampler(discover_backends(), lambda s: None)
+    started = time.perf_counter()
+    for _ in range(500):
+        sampler.read()
+    per_read = (time.perf_counter() - started) / 500
+    print(
+        f"one sampler read (all backends): {per_read * 1e6:.0f} us, i.e. "
+        f"{per_read * 10 * 100:.3f}% of one core at 10 Hz"
+    )
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ class MainWindow(QMainWindow):
         self.readings_dock = QDockWidget("Readings", self)
         self.readings_dock.setObjectName("readings_dock")
         self.readings_dock.setWidget(self.readings)
-        self.readings.setMinimumWidth(360)
+        self.readings.setMinimumWidth(300)
         self.addDockWidget(Qt.RightDockWidgetArea, self.readings_dock)
 
     def _action(
@@ -291,10 +291,13 @@ class MainWindow(QMainWindow):
         if isinstance(geometry, QByteArray) and not geometry.isEmpty():
             self.restoreGeometry(geometry)
         else:
-            self.resize(1280, 820)
+            self.resize(1360, 860)
         state = s.value("window/state")
         if isinstance(state, QByteArray) and not state.isEmpty():
             self.restoreState(state)
+        else:  # first start: most of the room for the traces
+            self.resizeDocks([self.readings_dock], [330], Qt.Horizontal)
+            self.resizeDocks([self.log_dock], [190], Qt.Vertical)
         if s.value("view/x_mode", "time") == "steps":
             self.act_steps.setChecked(True)
             self.plot.set_x_mode("steps")

@@ -68,23 +68,30 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self._marker_lines: list[tuple[object, list[pg.InfiniteLine]]] = []
         self._setting_range = False
 
-        self.readout = pg.LabelItem(justify="left")
-        self.addItem(self.readout, row=0, col=0)
+        # The legend gets its own row so that it never hides a trace; click an entry to
+        # hide or show that trace.
+        self.legend = pg.LegendItem(colCount=4, labelTextSize="9pt", horSpacing=18)
+        self.addItem(self.legend, row=0, col=0)
+        self.readout = pg.LabelItem(
+            "Hover over the traces to read every value", justify="left", size="9pt"
+        )
+        self.addItem(self.readout, row=1, col=0)
+        self.ci.layout.setRowMaximumHeight(0, 30)
+        self.ci.layout.setRowMaximumHeight(1, 22)
         self.plots: dict[str, pg.PlotItem] = {}
         for row, (group, title) in enumerate(
-            (("accelerator", "Accelerator memory"), ("host", "Host memory")), start=1
+            (("accelerator", "Accelerator memory"), ("host", "Host memory")), start=2
         ):
             plot = self.addPlot(row=row, col=0, title=title)
             plot.showGrid(x=True, y=True, alpha=0.25)
             plot.setClipToView(True)
             plot.setDownsampling(auto=True, mode="peak")
-            plot.addLegend(offset=(10, 5), labelTextSize="9pt")
             plot.setLabel("left", "memory", units=None)
             plot.getAxis("left").setWidth(70)
             plot.vb.sigRangeChangedManually.connect(self._user_moved)
             self.plots[group] = plot
         self.plots["accelerator"].setVisible(False)
-        self.steps_plot = self.addPlot(row=3, col=0)
+        self.steps_plot = self.addPlot(row=4, col=0)
         self.steps_plot.setMaximumHeight(80)
         self.steps_plot.setYRange(0, 1, padding=0)
         self.steps_plot.setMouseEnabled(y=False)
@@ -130,6 +137,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 axis.setTextPen(pg.mkPen(text))
             plot.titleLabel.setText(plot.titleLabel.text, color=text.name())
         self.readout.setText(self.readout.text, color=text.name())
+        self.legend.setLabelTextColor(text)
 
     def _update_x_label(self) -> None:
         label = "time (s)" if self.x_mode == "time" else "step"
@@ -189,9 +197,8 @@ class TracePlot(pg.GraphicsLayoutWidget):
     def clear_data(self) -> None:
         """Drop curves and markers (a new run)."""
         for key, curve in self._curves.items():
-            plot = self.plots[plot_group(key)]
-            plot.legend.removeItem(curve)
-            plot.removeItem(curve)
+            self.legend.removeItem(curve)
+            self.plots[plot_group(key)].removeItem(curve)
         self._curves.clear()
         self._xy.clear()
         for _, lines in self._marker_lines:
@@ -214,6 +221,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
             group = plot_group(key)
             plot = self.plots[group]
             curve = plot.plot([], [], pen=pen, name=series_label(key), skipFiniteCheck=True)
+            self.legend.addItem(curve, series_label(key))
             curve.setToolTip(METRICS[metric].tooltip if metric in METRICS else key)
             if metric in HIDDEN_BY_DEFAULT:
                 curve.setVisible(False)

@@ -1,0 +1,148 @@
+"""The CUDA checks, in one script for a machine with an NVIDIA GPU (well under 5 minutes).
+
+    .venv/bin/python scripts/gpu_check.py [--out DIR]
+
+Prints a table of checks and writes it to DIR/gpu_check.md; exits non-zero if any fails.
+Record the result in docs/gpu.md. Without a GPU it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+rows: list[tuple[str, bool, str]] = []
+
+
+def check(name: str, ok: bool, detail: str = "") -> None:
+    rows.append((name, bool(ok), detail))
+    print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
+
+
+def python(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    out_dir = Path(p.parse_args().out)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to check")
+        return 0
+    check("device", True, f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+
+    # 1. The backend stays silent (no context) until the script initialises CUDA.
+    r = python("""
+        import torch
+        from torchmem.backends import discover_backends
+        from torchmem.sampler import Sampler
+        s = Sampler(discover_backends(), lambda x: None)
+        before = s.read()
+        print(torch.cuda.is_initialized(), sorted(k for k in before if k.startswith('cuda')))
+        x = torch.empty(256 << 20, dtype=torch.uint8, device='cuda')
+        after = s.read()
+        print(after['cuda:0/allocated'], after['cuda:0/reserved'], after.get('cuda:0/nvml_used'))
+    """)
+    lines = r.stdout.split("\n")
+    check(
+        "no CUDA context created by sampling",
+        r.returncode == 0 and lines[0].startswith("False []"),
+        lines[0] + r.stderr[-300:],
+    )
+    if r.returncode == 0:
+        alloc, reserved, nvml = lines[1].split()
+        check("allocated counts a 256 MiB tensor", float(alloc) >= 256 << 20, f"allocated {alloc}")
+        check(
+            "NVML process memory >= reserved",
+            nvml != "None" and float(nvml) >= float(reserved),
+            f"nvml {nvml}, reserved {reserved}",
+        )
+
+    # 2. Commands: empty_cache releases, reset peaks resets.
+    r = python("""
+        import torch
+        from torchmem.session import Session
+        from torchmem.source import InProcessSource
+        src = InProcessSource(Session())
+        x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); del x
+        print(src.command('empty_cache').message)
+        print(src.command('reset_peaks').message)
+    """)
+    check(
+        "empty_cache reports the released GiB", "reserved -1.00 GiB" in r.stdout, r.stdout.strip()
+    )
+    check("reset peaks names the old peak", "peak allocated 1.00 GiB" in r.stdout, r.stderr[-300:])
+
+    # 3. Headless demo on the GPU, and an OOM.
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / "s.json"
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torchmem",
+                "run",
+                "--summary",
+                str(summary),
+                str(ROOT / "resources/examples/demo_train.py"),
+                "--device",
+                "cuda",
+                "--epochs",
+                "2",
+                "--steps",
+                "50",
+                "--batch-size",
+                "256",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        data = json.loads(summary.read_text()) if summary.exists() else {}
+        check(
+            "demo on cuda: summary has a cuda:0 peak",
+            r.returncode == 0 and data.get("peak_bytes", {}).get("cuda:0", 0) > 0,
+            json.dumps(data.get("peak_bytes")) + r.stderr[-300:],
+        )
+        oom = Path(tmp) / "oom.py"
+        oom.write_text("import torch\nx = torch.empty(1 << 50, dtype=torch.uint8, device='cuda')\n")
+        r = subprocess.run(
+            [sys.executable, "-m", "torchmem", "run", "--summary", str(summary), str(oom)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        data = json.loads(summary.read_text())
+        check(
+            "a real CUDA OOM is reported as such",
+            data["status"] == "out of memory" and r.returncode == 1,
+            data["message"][:120],
+        )
+
+    table = "| check | result | detail |\n|---|---|---|\n" + "\n".join(
+        f"| {n} | {'pass' if ok else 'FAIL'} | {d.replace('|', '/').strip()[:200]} |"
+        for n, ok, d in rows
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "gpu_check.md").write_text(table + "\n")
+    print(table)
+    return 0 if all(ok for _, ok, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
