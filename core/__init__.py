@@ -11,6 +11,29 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import sys as _sys
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from .steps import mark
 
-__all__ = ["__version__", "mark"]
+if _TYPE_CHECKING:
+    from .tensor_census import Census
+
+
+def census(referrers: bool = True) -> Census:
+    """Every live tensor of this process, grouped by storage, with names and exact sizes.
+
+    Variables of the calling code (and of ``__main__``) name the tensors they hold::
+
+        c = torchmem.census()
+        print(c.total_bytes("cpu"), c.naive_bytes("cpu"))
+    """
+    from .tensor_census import script_namespaces, take_census
+
+    caller = _sys._getframe(1)
+    namespaces = [("", dict(caller.f_locals)), ("", caller.f_globals)]
+    namespaces += script_namespaces(None, caller.f_code.co_filename)
+    return take_census(namespaces, referrers=referrers)
+
+
+__all__ = ["__version__", "census", "mark"]

@@ -1,0 +1,675 @@
+"""A census of live tensors: every storage once, with real names and exact sizes.
+
+One pass over ``gc.get_objects()`` finds tensors, modules and optimizers. Storages are
+keyed by ``(device, untyped_storage().data_ptr())`` and their bytes are
+``untyped_storage().nbytes()``, counted once however many views share them. Names come,
+best first, from module paths (every name of a tied weight), ``.grad``, optimizer state,
+the running script's variables, the graphs of autograd (tensors saved for backward), a
+bounded referrer walk, and only then a type+shape label.
+
+The census holds no strong reference to any tensor once it returns (only weak ones, for
+the referrer chain of a tensor a user asks about), so it never keeps memory alive.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+import types
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KINDS = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "plain")
+KIND_LABELS = {
+    "parameter": "parameters",
+    "buffer": "buffers",
+    "gradient": "gradients",
+    "optimizer_state": "optimizer state",
+    "activation": "activations / saved for backward",
+    "plain": "other",
+}
+_KIND_RANK = {k: i for i, k in enumerate(KINDS)}
+MAX_CONTAINER_ITEMS = 10_000
+MAX_GRAPH_NODES = 200_000
+MAX_REFERRER_TENSORS = 20_000
+
+StorageKey = tuple[str, int]
+
+
+@dataclass(slots=True)
+class TensorInfo:
+    """One live tensor (or one part of a sparse tensor), as plain data."""
+
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    dtype: str
+    device: str
+    numel: int
+    element_size: int
+    span_bytes: int
+    is_view: bool
+    is_contiguous: bool
+    requires_grad: bool
+    is_leaf: bool
+    grad_fn: str
+    pinned: bool
+    storage_key: StorageKey
+    names: tuple[str, ...] = ()
+    named: bool = True
+    ref: Any = field(default=None, repr=False, compare=False)
+
+    def alive(self) -> Any:
+        """The tensor itself if it still exists (a strong reference: drop it soon)."""
+        return self.ref() if self.ref is not None else None
+
+
+@dataclass(slots=True)
+class StorageInfo:
+    """One storage (a block of memory) and every tensor that views it."""
+
+    key: StorageKey
+    nbytes: int
+    tensors: list[TensorInfo] = field(default_factory=list)
+
+    @property
+    def device(self) -> str:
+        """The device the storage lives on."""
+        return self.key[0]
+
+    @property
+    def kind(self) -> str:
+        """The most telling kind among its tensors (a parameter beats a view of it)."""
+        return min((t.kind for t in self.tensors), key=_KIND_RANK.__getitem__, default="plain")
+
+    @property
+    def name(self) -> str:
+        """The best name among its tensors."""
+        best = min(self.tensors, key=lambda t: (not t.named, _KIND_RANK[t.kind], t.is_view))
+        return best.name
+
+    @property
+    def named(self) -> bool:
+        """True when at least one tensor on it has a real name."""
+        return any(t.named for t in self.tensors)
+
+
+@dataclass(slots=True)
+class Skipped:
+    """A tensor the census could not size, and why."""
+
+    label: str
+    reason: str
+
+
+@dataclass
+class CensusDiff:
+    """What changed between two censuses."""
+
+    new: list[StorageInfo]
+    freed: list[StorageInfo]
+    grown: list[tuple[StorageInfo, int]]
+
+    @property
+    def new_bytes(self) -> int:
+        """Bytes of the new storages."""
+        return sum(s.nbytes for s in self.new)
+
+    @property
+    def freed_bytes(self) -> int:
+        """Bytes of the storages that are gone."""
+        return sum(s.nbytes for s in self.freed)
+
+
+@dataclass
+class Census:
+    """Every live storage of the process at one moment."""
+
+    storages: dict[StorageKey, StorageInfo]
+    skipped: list[Skipped]
+    duration_s: float
+    step: int = 0
+
+    def tensors(self) -> Iterator[TensorInfo]:
+        """Every tensor, storage by storage."""
+        for storage in self.storages.values():
+            yield from storage.tensors
+
+    def devices(self) -> list[str]:
+        """Devices that hold at least one storage, CPU first."""
+        return sorted({s.device for s in self.storages.values()}, key=lambda d: (d != "cpu", d))
+
+    def total_bytes(self, device: str | None = None) -> int:
+        """Unique storage bytes (each storage once), on ``device`` or everywhere."""
+        return sum(s.nbytes for s in self.storages.values() if device in (None, s.device))
+
+    def naive_bytes(self, device: str | None = None) -> int:
+        """What summing tensor sizes gives: views of one storage counted again."""
+        return sum(
+            t.span_bytes
+            for s in self.storages.values()
+            if device in (None, s.device)
+            for t in s.tensors
+        )
+
+    def bytes_by_kind(self, device: str | None = None) -> dict[str, int]:
+        """Unique bytes per kind (parameters, gradients, optimizer state, ...)."""
+        out = dict.fromkeys(KINDS, 0)
+        for s in self.storages.values():
+            if device in (None, s.device):
+                out[s.kind] += s.nbytes
+        return out
+
+    def named_share(self) -> float:
+        """Share of the unique bytes that carry a real name (not a type+shape label)."""
+        total = self.total_bytes()
+        named = sum(s.nbytes for s in self.storages.values() if s.named)
+        return named / total if total else 1.0
+
+    def diff(self, previous: Census | None) -> CensusDiff:
+        """Storages new, freed and grown since ``previous``."""
+        if previous is None:
+            return CensusDiff(list(self.storages.values()), [], [])
+        new = [s for k, s in self.storages.items() if k not in previous.storages]
+        freed = [s for k, s in previous.storages.items() if k not in self.storages]
+        grown = [
+            (s, s.nbytes - previous.storages[k].nbytes)
+            for k, s in self.storages.items()
+            if k in previous.storages and s.nbytes > previous.storages[k].nbytes
+        ]
+        return CensusDiff(new, freed, grown)
+
+
+# -- the walk -----------------------------------------------------------------------------
+
+
+def _label(t: Any) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+
+
+class _Walk:
+    """State of one census; discarded when it returns."""
+
+    def __init__(self, torch: Any, exclude: set[int]) -> None:
+        self.torch = torch
+        self.exclude = exclude
+        self.names: dict[int, list[tuple[str, str]]] = {}  # id(tensor) -> [(name, kind)]
+        self.by_id: dict[int, Any] = {}
+        self.skipped: list[Skipped] = []
+        self.storages: dict[StorageKey, StorageInfo] = {}
+        self.storage_of: dict[int, StorageKey] = {}  # _storage_address -> key
+        self.saved_attrs: dict[type, list[str]] = {}
+
+    def name(self, t: Any, name: str, kind: str) -> None:
+        entry = self.names.setdefault(id(t), [])
+        if all(n != name for n, _ in entry):
+            entry.append((name, kind))
+        self.by_id.setdefault(id(t), t)
+
+    # -- namespaces ---------------------------------------------------------------------
+    def name_namespace(self, prefix: str, ns: dict[str, Any], depth: int = 2) -> None:
+        Tensor = self.torch.Tensor
+        for key, value in list(ns.items()):
+            if key.startswith("__") or isinstance(value, _SKIP_TYPES):
+                continue
+            path = f"{prefix}{key}"
+            if isinstance(value, Tensor):
+                self.name(value, path, "plain")
+            elif depth > 0:
+                self._name_container(path, value, depth)
+
+    def _name_container(self, path: str, value: Any, depth: int) -> None:
+        Tensor = self.torch.Tensor
+        if isinstance(value, (list, tuple)):
+            items: Iterable[tuple[str, Any]] = (
+                (f"{path}[{i}]", v) for i, v in enumerate(value[:MAX_CONTAINER_ITEMS])
+            )
+        elif isinstance(value, dict):
+            items = ((f"{path}[{k!r}]", v) for k, v in list(value.items())[:MAX_CONTAINER_ITEMS])
+        elif hasattr(value, "__dict__") and not isinstance(value, self.torch.nn.Module):
+            try:
+                attrs = vars(value)
+            except TypeError:
+                return
+            items = ((f"{path}.{k}", v) for k, v in list(attrs.items()) if not k.startswith("__"))
+        else:
+            return
+        for item_path, item in items:
+            if isinstance(item, Tensor):
+                self.name(item, item_path, "plain")
+            elif depth > 1 and isinstance(item, (list, tuple, dict)):
+                self._name_container(item_path, item, depth - 1)
+
+    # -- storages -------------------------------------------------------------------------
+    def add(self, t: Any, name: str, kind: str, named: bool, names: tuple[str, ...]) -> None:
+        """Size ``t`` and file it under its storage."""
+        layout = t.layout
+        torch = self.torch
+        if layout is torch.sparse_coo:
+            self.add(t._indices(), f"{name}.indices", kind, named, ())
+            self.add(t._values(), f"{name}.values", kind, named, ())
+            return
+        if layout in (torch.sparse_csr, torch.sparse_bsr):
+            self.add(t.crow_indices(), f"{name}.crow_indices", kind, named, ())
+            self.add(t.col_indices(), f"{name}.col_indices", kind, named, ())
+            self.add(t.values(), f"{name}.values", kind, named, ())
+            return
+        if layout in (torch.sparse_csc, torch.sparse_bsc):
+            self.add(t.ccol_indices(), f"{name}.ccol_indices", kind, named, ())
+            self.add(t.row_indices(), f"{name}.row_indices", kind, named, ())
+            self.add(t.values(), f"{name}.values", kind, named, ())
+            return
+        device = t.device
+        if device.type == "meta":
+            self.skipped.append(Skipped(name, "meta tensor: holds no memory"))
+            return
+        if t.is_nested:
+            self.skipped.append(Skipped(name, "nested tensor: its storage is not exposed"))
+            return
+        try:
+            key = self.storage_key(t)
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError) as exc:
+            reason = (
+                str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+            )
+            self.skipped.append(Skipped(name, f"{type(t).__name__} without real storage: {reason}"))
+            return
+        shape = tuple(t.shape)
+        stride = t.stride()
+        esize = t.element_size()
+        numel = t.numel()
+        span = (
+            0
+            if numel == 0
+            else (1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))) * esize
+        )
+        grad_fn = t.grad_fn
+        try:
+            ref = weakref.ref(t)
+        except TypeError:
+            ref = None
+        self.storages[key].tensors.append(
+            TensorInfo(
+                name=name,
+                kind=kind,
+                shape=shape,
+                stride=tuple(stride),
+                storage_offset=t.storage_offset(),
+                dtype=str(t.dtype).removeprefix("torch."),
+                device=str(device),
+                numel=numel,
+                element_size=esize,
+                span_bytes=span,
+                is_view=t._base is not None,
+                is_contiguous=t.is_contiguous(),
+                requires_grad=t.requires_grad,
+                is_leaf=t.is_leaf,
+                grad_fn=type(grad_fn).__name__ if grad_fn is not None else "",
+                pinned=device.type == "cpu" and _is_pinned(t),
+                storage_key=key,
+                names=names,
+                named=named,
+                ref=ref,
+            )
+        )
+
+    def storage_key(self, t: Any) -> StorageKey:
+        """The key of ``t``'s storage, creating its entry on first sight."""
+        address = self.torch._C._storage_address(t)
+        key = self.storage_of.get(address)
+        if key is None:
+            storage = t.untyped_storage()
+            key = (str(t.device), storage.data_ptr())
+            self.storage_of[address] = key
+            if key not in self.storages:
+                self.storages[key] = StorageInfo(key, storage.nbytes())
+            else:  # two storage objects over the same memory: count the larger once
+                info = self.storages[key]
+                info.nbytes = max(info.nbytes, storage.nbytes())
+        return key
+
+    # -- autograd graphs ------------------------------------------------------------------
+    def saved_tensors(self, roots: list[tuple[Any, str]]) -> list[tuple[Any, str]]:
+        """Tensors saved for backward in the graphs of ``roots``, each with its root's name."""
+        Tensor = self.torch.Tensor
+        seen: set[int] = set()
+        found: list[tuple[Any, str]] = []
+        for root, root_name in roots:
+            stack = [root.grad_fn]
+            while stack and len(seen) < MAX_GRAPH_NODES:
+                node = stack.pop()
+                if node is None or id(node) in seen:
+                    continue
+                seen.add(id(node))
+                attrs = self.saved_attrs.get(type(node))
+                if attrs is None:
+                    attrs = [a for a in dir(node) if a.startswith("_saved_")]
+                    self.saved_attrs[type(node)] = attrs
+                for attr in attrs:
+                    try:
+                        value = getattr(node, attr)
+                    except RuntimeError:  # freed by a backward pass already
+                        continue
+                    values = value if isinstance(value, (tuple, list)) else (value,)
+                    for v in values:
+                        if isinstance(v, Tensor):
+                            found.append((v, f"saved by the graph of {root_name}"))
+                stack.extend(fn for fn, _ in node.next_functions if fn is not None)
+        return found
+
+
+_CORE_DIR = Path(__file__).resolve().parent
+# torchmem's own code (core, and gui beside it in a checkout) is never a holder of tensors.
+_OWN_DIRS = (str(_CORE_DIR) + "/", str(_CORE_DIR.parent / "gui") + "/")
+_SKIP_TYPES = (
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    type,
+    types.MethodType,
+)
+
+
+def _is_pinned(t: Any) -> bool:
+    try:
+        return bool(t.is_pinned())
+    except RuntimeError:  # no accelerator runtime to ask
+        return False
+
+
+def _describe_referrer(ref: Any, t: Any) -> str | None:
+    """How a container holds ``t``, e.g. ``list[3] (of 12)`` or ``Trainer.cache``."""
+    if isinstance(ref, list):
+        for i, v in enumerate(ref):
+            if v is t:
+                return f"item {i} of a list of {len(ref)}"
+    elif isinstance(ref, tuple):
+        return f"item of a tuple of {len(ref)}"
+    elif isinstance(ref, dict):
+        for k, v in ref.items():
+            if v is t:
+                # A class body's namespace knows its class through its descriptors.
+                owner = getattr(ref.get("__dict__") or ref.get("__weakref__"), "__objclass__", None)
+                if owner is not None and "__module__" in ref:
+                    return f"class attribute {owner.__qualname__}.{k}"
+                return f"value of key {k!r} in a dict of {len(ref)}"
+    elif isinstance(ref, types.CellType):
+        fn = _closure_owner(ref)
+        return f"captured by closure {fn.__qualname__}()" if fn else "a closure variable"
+    elif isinstance(ref, types.FrameType):
+        return f"a local variable of {ref.f_code.co_name}()"
+    elif isinstance(ref, (set, frozenset)):
+        return f"item of a set of {len(ref)}"
+    elif hasattr(ref, "__dict__"):
+        try:
+            for k, v in vars(ref).items():
+                if v is t:
+                    return f"attribute {type(ref).__name__}.{k}"
+        except TypeError:
+            return None
+    return None
+
+
+def _own_frame(frame: types.FrameType) -> bool:
+    return frame.f_code.co_filename.startswith(_OWN_DIRS)
+
+
+def referrer_chain(t: Any, depth: int = 4, exclude: Iterable[int] = ()) -> list[str]:
+    """What keeps ``t`` alive: one line per hop, nearest first (at most ``depth`` hops).
+
+    Frames of torchmem itself (the caller asking) are not counted as holders.
+    """
+    skip = set(exclude)
+    chain: list[str] = []
+    target = t
+    for _ in range(depth):
+        refs = [
+            r
+            for r in gc.get_referrers(target)
+            if id(r) not in skip and not (isinstance(r, types.FrameType) and _own_frame(r))
+        ]
+        skip.add(id(refs))
+        if not refs:
+            break
+        refs.sort(key=lambda r: isinstance(r, types.FrameType))  # containers say more
+        ref = refs[0]
+        if isinstance(ref, types.CellType):
+            fn = _closure_owner(ref)
+            chain.append(f"captured by closure {fn.__qualname__}()" if fn else "a closure cell")
+            break
+        if isinstance(ref, dict):
+            owner = next(
+                (o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref), None
+            )
+            if owner is not None:
+                chain.append(f"attribute {type(owner).__name__}.{_key_of(ref, target)}")
+                target = owner
+                continue
+            if ref.get("__name__") == "__main__":
+                chain.append(f"global {_key_of(ref, target)} of the script")
+                break
+        chain.append(_describe_referrer(ref, target) or f"a {type(ref).__name__}")
+        if isinstance(ref, types.FrameType):
+            break
+        target = ref
+    return chain
+
+
+def _closure_owner(cell: types.CellType) -> types.FunctionType | None:
+    """The function whose ``__closure__`` holds ``cell``."""
+    for holder in gc.get_referrers(cell):
+        if isinstance(holder, tuple):
+            for fn in gc.get_referrers(holder):
+                if isinstance(fn, types.FunctionType) and fn.__closure__ is holder:
+                    return fn
+    return None
+
+
+def _key_of(d: dict, value: Any) -> str:
+    return next((str(k) for k, v in d.items() if v is value), "?")
+
+
+def script_namespaces(
+    thread_ident: int | None = None, script: str | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """Variables of the running script: its globals and the locals of its frames.
+
+    ``thread_ident`` is the script's thread (the caller's by default); frames whose code
+    lies in ``script``'s folder, or in a ``__main__`` module, count as the script's.
+    """
+    frame = (
+        sys._current_frames().get(thread_ident) if thread_ident is not None else sys._getframe(1)
+    )
+    folder = None
+    if script:
+        folder = str(Path(script).resolve().parent)
+    out: list[tuple[str, dict[str, Any]]] = []
+    seen: set[int] = set()
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        is_script = frame.f_globals.get("__name__") == "__main__" or (
+            folder is not None and filename.startswith(folder)
+        )
+        if is_script and not _own_frame(frame):
+            if id(frame.f_globals) not in seen:
+                seen.add(id(frame.f_globals))
+                out.append(("", frame.f_globals))
+            if frame.f_code.co_name != "<module>":
+                out.insert(0, ("", dict(frame.f_locals)))
+        frame = frame.f_back
+    return out
+
+
+def take_census(
+    namespaces: list[tuple[str, dict[str, Any]]] | None = None,
+    exclude: Iterable[Any] = (),
+    step: int = 0,
+    referrers: bool = True,
+) -> Census:
+    """Walk every live tensor of this process and return a :class:`Census`.
+
+    ``namespaces`` are ``(prefix, dict)`` pairs whose variables name tensors (the running
+    script's); ``exclude`` objects are left out (torchmem's own).
+    """
+    import torch
+
+    started = time.perf_counter()
+    walk = _Walk(torch, {id(o) for o in exclude})
+    Tensor, Module, Optimizer = torch.Tensor, torch.nn.Module, torch.optim.Optimizer
+    tensors: list[Any] = []
+    modules: list[Any] = []
+    optimizers: list[Any] = []
+    excluded = walk.exclude
+    for obj in gc.get_objects():
+        tp = type(obj)
+        if issubclass(tp, Tensor):
+            if id(obj) not in excluded:
+                tensors.append(obj)
+        elif issubclass(tp, Module):
+            modules.append(obj)
+        elif issubclass(tp, Optimizer):
+            optimizers.append(obj)
+
+    # 1. Module paths (all names of tied weights), buffers, .grad.
+    var_names: dict[int, str] = {}
+    for _, ns in namespaces or ():
+        for key, value in list(ns.items()):
+            if isinstance(value, (Module, Optimizer)) and not key.startswith("_"):
+                var_names.setdefault(id(value), key)
+    children = {id(c) for m in modules for c in m.children()}
+    roots = [m for m in modules if id(m) not in children]
+    roots.sort(key=lambda m: id(m) not in var_names)
+    param_names: dict[int, str] = {}
+    used: dict[str, int] = {}
+    for root in roots:
+        base = var_names.get(id(root)) or type(root).__name__
+        used[base] = used.get(base, 0) + 1
+        if used[base] > 1:
+            base = f"{base}#{used[base]}"
+        for pname, p in root.named_parameters(remove_duplicate=False):
+            full = f"{base}.{pname}"
+            walk.name(p, full, "parameter")
+            param_names.setdefault(id(p), full)
+            if p.grad is not None:
+                walk.name(p.grad, f"{full}.grad", "gradient")
+        for bname, b in root.named_buffers(remove_duplicate=False):
+            walk.name(b, f"{base}.{bname}", "buffer")
+
+    # 2. Optimizer state, named after the parameter it belongs to.
+    per_class: dict[type, int] = {}
+    for opt in optimizers:
+        per_class[type(opt)] = per_class.get(type(opt), 0) + 1
+    for i, opt in enumerate(optimizers):
+        oname = type(opt).__name__
+        if per_class[type(opt)] > 1:  # two Adams: tell them apart by variable or order
+            oname = f"{oname}[{var_names.get(id(opt)) or i}]"
+        for p, state in list(opt.state.items()):
+            pname = param_names.get(id(p)) or _label(p)
+            for key, value in list(state.items()):
+                if isinstance(value, Tensor):
+                    walk.name(value, f"{oname}.state[{pname}].{key}", "optimizer_state")
+
+    # 3. The script's variables.
+    for prefix, ns in namespaces or ():
+        walk.name_namespace(prefix, ns)
+
+    # 4. Tensors saved for backward, attributed to the graph of a named root.
+    by_storage_named = {id(t) for t in tensors if id(t) in walk.names}
+    roots_for_graph = [
+        (t, walk.names[id(t)][0][0])
+        for t in tensors
+        if t.grad_fn is not None and id(t) in by_storage_named
+    ]
+    roots_for_graph += [
+        (t, _label(t)) for t in tensors if t.grad_fn is not None and id(t) not in by_storage_named
+    ]
+    saved = walk.saved_tensors(roots_for_graph)
+    roots_for_graph.clear()
+
+    # 5. Everything into storages, named first so that their names win.
+    def file(t: Any) -> None:
+        entries = walk.names.get(id(t))
+        if entries:
+            entries.sort(key=lambda e: _KIND_RANK[e[1]])
+            name, kind = entries[0]
+            names = tuple(n for n, _ in entries)
+            if kind == "plain" and t.grad_fn is not None:
+                kind = "activation"
+            walk.add(t, name, kind, True, names)
+        else:
+            kind = "activation" if t.grad_fn is not None else "plain"
+            walk.add(t, _label(t), kind, False, ())
+
+    for t in tensors:
+        file(t)
+    # Saved tensors come back from the graph as new Python objects over the same storage:
+    # name the storage's unnamed tensors after the graph, and add only unseen storages.
+    renamed: set[int] = set()
+    for t, root_name in saved:
+        if id(t) in renamed:
+            continue
+        renamed.add(id(t))
+        if t.device.type == "meta" or t.is_nested or t.layout is not torch.strided:
+            continue
+        known = len(walk.storages)
+        try:
+            key = walk.storage_key(t)
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+            continue
+        storage = walk.storages[key]
+        if len(walk.storages) > known or not storage.tensors:
+            walk.add(t, root_name, "activation", True, (root_name,))
+            continue
+        for info in storage.tensors:
+            if not info.named:
+                info.name, info.named, info.names = root_name, True, (root_name,)
+                walk.names.setdefault(id(t), [(root_name, "activation")])
+                if info.kind == "plain":
+                    info.kind = "activation"
+    saved.clear()
+
+    # 6. A bounded referrer walk for tensors that still have no name.
+    if referrers:
+        _name_by_referrers(
+            walk,
+            [t for t in tensors if id(t) not in walk.names],
+            exclude={id(tensors), id(modules), id(optimizers), id(walk.by_id)},
+        )
+    tensors.clear()
+    walk.by_id.clear()
+    census = Census(walk.storages, walk.skipped, time.perf_counter() - started, step)
+    return census
+
+
+def _name_by_referrers(walk: _Walk, unnamed: list[Any], exclude: set[int]) -> None:
+    """Name unnamed tensors by the container that holds them (one gc scan for all)."""
+    if not unnamed:
+        return
+    unnamed = unnamed[:MAX_REFERRER_TENSORS]
+    wanted = {id(t): t for t in unnamed}
+    exclude = exclude | {id(unnamed), id(wanted), id(sys._getframe())}
+    infos = {
+        id(info.ref()): info
+        for s in walk.storages.values()
+        for info in s.tensors
+        if not info.named and info.ref is not None and id(info.ref()) in wanted
+    }
+    for ref in gc.get_referrers(*unnamed):
+        if id(ref) in exclude or isinstance(ref, types.FrameType):
+            continue
+        for held in gc.get_referents(ref):
+            info = infos.get(id(held))
+            if info is None or info.named:
+                continue
+            where = _describe_referrer(ref, held)
+            if where:
+                info.name = f"{where}: {info.name}"
+                info.named = True
+    infos.clear()
+    wanted.clear()

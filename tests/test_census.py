@@ -1,0 +1,165 @@
+"""The census: exact storage sizes, views counted once, real names for every tensor."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import torchmem
+from torchmem.tensor_census import referrer_chain, take_census
+
+
+def storage_of(census, tensor):
+    key = (str(tensor.device), tensor.untyped_storage().data_ptr())
+    return census.storages[key]
+
+
+def names_in(storage):
+    return sorted(n for t in storage.tensors for n in (t.names or (t.name,)))
+
+
+def test_seed_cases_are_exact():
+    original = torch.ones(1000, 1000)
+    flat = original.view(1_000_000)
+    copy = original.clone()
+    c = torchmem.census()
+    s = storage_of(c, original)
+    assert s.nbytes == 4_000_000
+    assert sorted(t.name for t in s.tensors) == ["flat", "original"]
+    assert storage_of(c, copy) is not s and storage_of(c, copy).nbytes == 4_000_000
+    info = {t.name: t for t in s.tensors}
+    assert info["flat"].is_view and not info["original"].is_view
+    assert info["original"].shape == (1000, 1000) and info["original"].stride == (1000, 1)
+    assert info["original"].span_bytes == 4_000_000 and info["original"].dtype == "float32"
+    # Views counted once in the total, twice in the naive sum.
+    assert c.naive_bytes("cpu") - c.total_bytes("cpu") >= 4_000_000
+    del flat
+
+
+def test_views_offsets_and_dtypes():
+    x = torch.arange(100, dtype=torch.float32).reshape(10, 10)
+    xt = x.t()  # noqa: F841 - named by the census from this frame
+    every_other = x[::2]  # noqa: F841
+    tail = x[5:]  # noqa: F841
+    c = torchmem.census()
+    s = storage_of(c, x)
+    assert s.nbytes == 400
+    info = {t.name: t for t in s.tensors}
+    assert set(info) >= {"x", "xt", "every_other", "tail"}
+    assert info["xt"].stride == (1, 10) and not info["xt"].is_contiguous
+    assert info["every_other"].shape == (5, 10) and info["every_other"].span_bytes == 360
+    assert info["tail"].storage_offset == 50 and info["tail"].span_bytes == 200
+    others = {
+        "bf": torch.zeros(3, dtype=torch.bfloat16),
+        "i8": torch.zeros(5, dtype=torch.int8),
+        "flags": torch.zeros(7, dtype=torch.bool),
+        "z": torch.zeros(2, dtype=torch.complex64),
+        "scalar": torch.tensor(3.0),
+        "empty": torch.empty(0),
+    }
+    expected = {"bf": 6, "i8": 5, "flags": 7, "z": 16, "scalar": 4, "empty": 0}
+    c = take_census([("", others)])
+    for name, t in others.items():
+        s = storage_of(c, t)
+        assert s.nbytes == expected[name], name
+        assert name in names_in(s)
+    scalar = next(t for t in storage_of(c, others["scalar"]).tensors if t.name == "scalar")
+    assert scalar.shape == () and scalar.numel == 1
+
+
+def test_modules_grads_and_adam_state_are_named():
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 8))
+    model[2].weight = nn.Parameter(torch.randn(8, 16))
+    opt = torch.optim.Adam(model.parameters())
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    c = torchmem.census()
+    w = storage_of(c, model[0].weight)
+    assert w.kind == "parameter" and "model.0.weight" in names_in(w)
+    assert "model.0.weight.grad" in names_in(storage_of(c, model[0].weight.grad))
+    exp_avg = opt.state[model[0].weight]["exp_avg"]
+    assert "Adam.state[model.0.weight].exp_avg" in names_in(storage_of(c, exp_avg))
+    assert storage_of(c, exp_avg).kind == "optimizer_state"
+    assert "model.1.running_mean" in names_in(storage_of(c, model[1].running_mean))
+    assert c.bytes_by_kind("cpu")["optimizer_state"] >= 2 * c.bytes_by_kind("cpu")["parameter"]
+
+
+def test_tied_weights_are_counted_once_with_both_names():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(50, 8)
+            self.head = nn.Linear(8, 50, bias=False)
+            self.head.weight = self.embed.weight
+
+    net = Tied()
+    c = torchmem.census()
+    s = storage_of(c, net.embed.weight)
+    assert {"net.embed.weight", "net.head.weight"} <= set(names_in(s))
+    assert s.nbytes == 50 * 8 * 4
+    assert sum(1 for st in c.storages.values() if st is s) == 1
+
+
+class Holder:
+    kept = torch.full((3,), 7.0)
+
+
+def test_tensors_in_containers_closures_and_classes_are_named():
+    in_list = [torch.zeros(11), torch.zeros(12)]
+    in_dict = {"cache": torch.zeros(13)}
+
+    def make():
+        captured = torch.zeros(14)
+        return lambda: captured
+
+    fn = make()
+    c = torchmem.census()
+    assert "in_list[1]" in names_in(storage_of(c, in_list[1]))
+    assert "in_dict['cache']" in names_in(storage_of(c, in_dict["cache"]))
+    captured = fn.__closure__[0].cell_contents
+    closure_storage = storage_of(c, captured)
+    assert closure_storage.named, closure_storage.tensors[0].name
+    assert referrer_chain(captured)[0].endswith("make.<locals>.<lambda>()")
+    assert referrer_chain(captured)[0].startswith("captured by closure")
+    klass = storage_of(c, Holder.kept)
+    assert klass.name.startswith("class attribute Holder.kept"), klass.name
+
+
+def test_saved_tensors_of_an_mlp_are_attributed_to_its_loss():
+    mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    loss = mlp(torch.randn(16, 32)).pow(2).mean()
+    c = torchmem.census()
+    saved = [s for s in c.storages.values() if s.name == "saved by the graph of loss"]
+    assert saved, "the graph's saved activations must be found"
+    assert all(s.kind == "activation" for s in saved)
+    # the ReLU output (16 x 64 float32) is among them
+    assert any(s.nbytes == 16 * 64 * 4 for s in saved)
+    loss.backward()  # frees the saved tensors
+    after = torchmem.census()
+    assert not [s for s in after.storages.values() if s.name == "saved by the graph of loss"]
+
+
+def test_sparse_meta_and_unnamed_tensors():
+    i = torch.tensor([[0, 1, 1], [2, 0, 2]])
+    sp = torch.sparse_coo_tensor(i, torch.tensor([3.0, 4.0, 5.0]), (2, 3))
+    csr = sp.to_sparse_csr()
+    meta = torch.empty(1000, 1000, device="meta")
+    c = take_census([("", {"sp": sp, "csr": csr, "meta": meta})])
+    names = {t.name for t in c.tensors()}
+    assert {"sp.indices", "sp.values", "csr.crow_indices", "csr.col_indices", "csr.values"} <= names
+    assert any(s.label == "meta" and "meta tensor" in s.reason for s in c.skipped)
+
+
+def test_diff_reports_new_freed_and_named_share():
+    keep = torch.zeros(100)
+    before = torchmem.census()
+    grown = [torch.zeros(256) for _ in range(3)]
+    del keep
+    after = torchmem.census()
+    d = after.diff(before)
+    assert len([s for s in d.new if s.nbytes == 1024]) == 3
+    assert any(s.nbytes == 400 for s in d.freed)
+    assert d.new_bytes >= 3 * 1024
+    assert after.named_share() > 0.95
+    del grown
