@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,4 +101,18 @@ class CommandResult:
     changes: dict[str, float] = field(default_factory=dict)
 
 
-Event = Sample | Marker | LogRecord | RunStarted | RunFinished | CommandResult
+@dataclass(frozen=True, slots=True)
+class CensusTaken:
+    """A census of live tensors (a :class:`~torchmem.tensor_census.Census`), and when.
+
+    ``trigger`` says why it was taken: ``"user"`` (Refresh) or ``"step"`` (automatic, at a
+    step boundary).
+    """
+
+    t: float
+    step: int
+    census: Any
+    trigger: str = "user"
+
+
+Event = Sample | Marker | LogRecord | RunStarted | RunFinished | CommandResult | CensusTaken

@@ -168,6 +168,11 @@ class ScriptRunner:
         """Steps seen so far."""
         return self.tracker.steps
 
+    @property
+    def thread_ident(self) -> int | None:
+        """The thread the script runs in (``None`` before it starts)."""
+        return self._thread_ident
+
     def _log(self, stream: Stream, text: str) -> None:
         self.emit(LogRecord(self.now(), stream, text))
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .events import (
+    CensusTaken,
     CommandResult,
     Event,
     LogRecord,
@@ -50,6 +51,12 @@ class Session:
         self.run_finished: RunFinished | None = None
         self.samples = 0
         self.revision = 0
+        self.census: CensusTaken | None = None
+        self.previous_census: CensusTaken | None = None
+        # (t, step, {device: {kind: bytes}}) per census: the breakdown chart's data.
+        self.census_history: deque[tuple[float, int, dict[str, dict[str, int]]]] = deque(
+            maxlen=5000
+        )
 
     # -- time -------------------------------------------------------------------------
     def now(self) -> float:
@@ -103,6 +110,11 @@ class Session:
             self.run_started, self.run_finished = event, None
         elif isinstance(event, RunFinished):
             self.run_finished = event
+        elif isinstance(event, CensusTaken):
+            self.previous_census, self.census = self.census, event
+            census = event.census
+            by_device = {d: census.bytes_by_kind(d) for d in census.devices()}
+            self.census_history.append((event.t, event.step, by_device))
         elif isinstance(event, CommandResult):
             self.commands.append(event)
             if event.command == "reset_peaks" and event.ok:
@@ -141,6 +153,16 @@ class Session:
                 elif metric in ("peak_allocated", "allocated") and buf.count:
                     peaks[device] = max(peaks.get(device, 0.0), buf.peak)
             return peaks
+
+    def censuses(self) -> tuple[CensusTaken | None, CensusTaken | None]:
+        """The latest census event and the one before it."""
+        with self._lock:
+            return self.census, self.previous_census
+
+    def breakdown(self) -> list[tuple[float, int, dict[str, dict[str, int]]]]:
+        """Bytes by kind per device for every census so far, oldest first."""
+        with self._lock:
+            return list(self.census_history)
 
     def user_markers(self) -> list[Marker]:
         """User and epoch markers, oldest first."""

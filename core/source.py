@@ -8,14 +8,17 @@ thread. Later sources (agents in other processes) emit the same events.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 
 from .backends import MemoryBackend, discover_backends
+from .census_schedule import CensusSchedule
 from .commands import empty_cache, gc_collect, reset_peaks
-from .events import CommandResult, RunFinished
+from .events import CensusTaken, CommandResult, Event, Marker, MarkerKind, RunFinished
 from .runner import ScriptRunner
 from .sampler import Sampler
 from .session import Session
+from .tensor_census import describe_census, script_namespaces, take_census
 
 
 class InProcessSource:
@@ -32,6 +35,10 @@ class InProcessSource:
         self.sampler = Sampler(self.backends, session.submit, hz, clock=session.now)
         self._runner: ScriptRunner | None = None
         self.steps_seen = 0
+        self.census_schedule = CensusSchedule()
+        self._census_wanted = threading.Event()
+        self._census_done = threading.Event()
+        self._census_reply: CensusTaken | None = None
 
     @property
     def has_accelerator(self) -> bool:
@@ -57,10 +64,9 @@ class InProcessSource:
         capture_output: bool = True,
     ) -> RunFinished:
         """Run ``script`` in the calling thread, sampling while it runs; blocks until it ends."""
-        runner = ScriptRunner(
-            script, list(args), self.session.submit, self.session.now, cwd, capture_output
-        )
+        runner = ScriptRunner(script, list(args), self._emit, self.session.now, cwd, capture_output)
         self._runner = runner
+        self.census_schedule.reset()
         self.sampler.start()
         try:
             return runner.run()
@@ -69,6 +75,55 @@ class InProcessSource:
             self.sampler.stop()
             self.sampler.sample()  # the final state, after the script let go of its memory
             self._runner = None
+
+    def _emit(self, event: Event) -> None:
+        """The runner's events go to the Session; step boundaries may take a census."""
+        self.session.submit(event)
+        if isinstance(event, Marker) and event.kind is MarkerKind.STEP:
+            if self._census_wanted.is_set():
+                self._census_wanted.clear()
+                self._census_reply = self.census("user")
+                self._census_done.set()
+            elif self.census_schedule.on_step(event.t, event.step):
+                self.census("step")
+
+    def request_census(self, wait_s: float = 2.0) -> CensusTaken:
+        """A census for a user: at the script's next step boundary if it steps soon.
+
+        At a step boundary every iteration is at the same point (activations freed, the
+        step's state settled) and the script's own thread names its variables. A script
+        that does not step within ``wait_s`` is counted from the calling thread.
+        """
+        if self._runner is not None:
+            self._census_done.clear()
+            self._census_wanted.set()
+            if self._census_done.wait(wait_s):
+                return self._census_reply
+            self._census_wanted.clear()
+            if self._census_done.is_set():  # it landed just now
+                return self._census_reply
+        return self.census("user")
+
+    def census(self, trigger: str = "user") -> CensusTaken:
+        """Take a census of this process's tensors now and submit it to the Session.
+
+        Variables of the running script name its tensors: from its own frames when called
+        in its thread, from a snapshot of that thread's frames otherwise.
+        """
+        runner = self._runner
+        namespaces = (
+            script_namespaces(runner.thread_ident, runner.script)
+            if runner is not None and runner.thread_ident is not None
+            else []
+        )
+        step = self.steps
+        result = take_census(namespaces, step=step)
+        namespaces.clear()
+        if trigger == "step":
+            self.census_schedule.record(step, result.duration_s)
+        event = CensusTaken(self.session.now(), step, result, trigger)
+        self.session.submit(event)
+        return event
 
     @property
     def running(self) -> bool:
@@ -101,6 +156,11 @@ class InProcessSource:
         elif name == "reset_peaks":
             peaks = {k: p for k, (_, p) in self.session.latest().items()}
             result = reset_peaks(self.backends, now, peaks)
+        elif name == "census":
+            taken = self.request_census()
+            _, previous = self.session.censuses()
+            message = describe_census(taken.census, previous.census if previous else None)
+            result = CommandResult(now(), name, True, message)
         else:
             result = CommandResult(now(), name, False, f"unknown command {name!r}")
         self.session.submit(result)

@@ -186,7 +186,33 @@ class Census:
         return CensusDiff(new, freed, grown)
 
 
+def describe_census(census: Census, previous: Census | None = None) -> str:
+    """One line for the status bar: counts, bytes, changes since ``previous``, duration."""
+    from .units import format_bytes
+
+    n_tensors = sum(len(s.tensors) for s in census.storages.values())
+    text = (
+        f"Census: {n_tensors:,} tensors in {len(census.storages):,} storages, "
+        f"{format_bytes(census.total_bytes())}"
+    )
+    if previous is not None:
+        d = census.diff(previous)
+        text += (
+            f"; {len(d.new):,} new ({format_bytes(d.new_bytes)}), "
+            f"{len(d.freed):,} freed ({format_bytes(d.freed_bytes)}) since the last one"
+        )
+    if census.skipped:
+        text += f"; {len(census.skipped)} skipped"
+    return text + f" (took {census.duration_s * 1000:.0f} ms)"
+
+
 # -- the walk -----------------------------------------------------------------------------
+
+
+def _module_paths(root: Any, var_names: dict[int, str]) -> Iterator[tuple[str, Any]]:
+    base = var_names.get(id(root)) or type(root).__name__
+    for name, module in root.named_modules():
+        yield (f"{base}.{name}" if name else base), module
 
 
 def _label(t: Any) -> str:
@@ -475,39 +501,51 @@ def _key_of(d: dict, value: Any) -> str:
     return next((str(k) for k, v in d.items() if v is value), "?")
 
 
+Namespace = tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], Any]
+
+
 def script_namespaces(
     thread_ident: int | None = None, script: str | None = None
-) -> list[tuple[str, dict[str, Any]]]:
-    """Variables of the running script: its globals and the locals of its frames.
+) -> list[Namespace]:
+    """Variables of the running script: its globals, and the locals of its thread's frames.
 
     ``thread_ident`` is the script's thread (the caller's by default); frames whose code
-    lies in ``script``'s folder, or in a ``__main__`` module, count as the script's.
+    lies in ``script``'s folder, or in a ``__main__`` module, are the script's own and name
+    tensors plainly (``batch``). Frames of library code name the tensors in flight after
+    the object that runs them: ``model.3.forward: input`` for a module (its path is
+    resolved by the census), ``Adam.step: grad`` for an optimizer.
     """
     frame = (
         sys._current_frames().get(thread_ident) if thread_ident is not None else sys._getframe(1)
     )
-    folder = None
-    if script:
-        folder = str(Path(script).resolve().parent)
-    out: list[tuple[str, dict[str, Any]]] = []
+    folder = str(Path(script).resolve().parent) if script else None
+    out: list[Namespace] = []
     seen: set[int] = set()
     while frame is not None:
+        if _own_frame(frame):
+            frame = frame.f_back
+            continue
         filename = frame.f_code.co_filename
+        code = frame.f_code.co_name
         is_script = frame.f_globals.get("__name__") == "__main__" or (
             folder is not None and filename.startswith(folder)
         )
-        if is_script and not _own_frame(frame):
+        if is_script:
             if id(frame.f_globals) not in seen:
                 seen.add(id(frame.f_globals))
                 out.append(("", frame.f_globals))
-            if frame.f_code.co_name != "<module>":
+            if code != "<module>":
                 out.insert(0, ("", dict(frame.f_locals)))
+        elif code not in ("<module>", "_call_impl", "_wrapped_call_impl"):
+            local_vars = dict(frame.f_locals)
+            owner = local_vars.pop("self", None)
+            out.append((f"{code}: ", local_vars, owner))
         frame = frame.f_back
     return out
 
 
 def take_census(
-    namespaces: list[tuple[str, dict[str, Any]]] | None = None,
+    namespaces: list[Namespace] | None = None,
     exclude: Iterable[Any] = (),
     step: int = 0,
     referrers: bool = True,
@@ -538,8 +576,10 @@ def take_census(
 
     # 1. Module paths (all names of tied weights), buffers, .grad.
     var_names: dict[int, str] = {}
-    for _, ns in namespaces or ():
-        for key, value in list(ns.items()):
+    for entry in namespaces or ():
+        if len(entry) == 3:  # a library frame's locals: they do not name modules
+            continue
+        for key, value in list(entry[1].items()):
             if isinstance(value, (Module, Optimizer)) and not key.startswith("_"):
                 var_names.setdefault(id(value), key)
     children = {id(c) for m in modules for c in m.children()}
@@ -575,9 +615,19 @@ def take_census(
                 if isinstance(value, Tensor):
                     walk.name(value, f"{oname}.state[{pname}].{key}", "optimizer_state")
 
-    # 3. The script's variables.
-    for prefix, ns in namespaces or ():
-        walk.name_namespace(prefix, ns)
+    # 3. The script's variables, then tensors in flight in library frames (forward of a
+    # module, step of an optimizer), named after the object that runs them.
+    for entry in namespaces or ():
+        if len(entry) == 2:
+            walk.name_namespace(entry[0], entry[1])
+    module_paths = {id(m): path for root in roots for path, m in _module_paths(root, var_names)}
+    for entry in namespaces or ():
+        if len(entry) == 3:
+            prefix, ns, owner = entry
+            if owner is not None:
+                owner_name = module_paths.get(id(owner)) or type(owner).__name__
+                prefix = f"{owner_name}.{prefix}"
+            walk.name_namespace(prefix, ns, depth=1)
 
     # 4. Tensors saved for backward, attributed to the graph of a named root.
     by_storage_named = {id(t) for t in tensors if id(t) in walk.names}

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from torchmem import __version__
 from torchmem.events import (
+    CensusTaken,
     CommandResult,
     LogRecord,
     RunFinished,
@@ -39,9 +40,11 @@ from torchmem.session import Session
 from torchmem.source import InProcessSource
 
 from .banner import Banner
+from .breakdown_plot import BreakdownPlot
 from .bridge import SessionBridge
 from .log_pane import LogPane
 from .readings import ReadingsTable
+from .tensor_panel import TensorPanel
 from .theme import THEMES, apply_theme
 from .trace_plot import TracePlot
 from .workers import CommandWorker, ScriptWorker, start_in_thread, wait_thread
@@ -52,6 +55,7 @@ COMMAND_LABELS = {
     "gc_collect": "gc.collect()",
     "empty_cache": "empty_cache()",
     "reset_peaks": "Reset peaks",
+    "census": "Census of live tensors",
 }
 
 
@@ -115,6 +119,26 @@ class MainWindow(QMainWindow):
         self.readings_dock.setObjectName("readings_dock")
         self.readings_dock.setWidget(self.readings)
         self.readings.setMinimumWidth(300)
+
+        self.tensors = TensorPanel(self.session)
+        self.tensors.refresh_requested.connect(lambda: self.run_command("census"))
+        self.tensors.auto_toggled.connect(self._set_auto_census)
+        self.tensors_dock = QDockWidget("Tensors", self)
+        self.tensors_dock.setObjectName("tensors_dock")
+        self.tensors_dock.setWidget(self.tensors)
+        self.addDockWidget(Qt.BottomDockWidgetArea, self.tensors_dock)
+        self.tabifyDockWidget(self.log_dock, self.tensors_dock)
+        self.log_dock.raise_()
+
+        self.breakdown = BreakdownPlot(self.session)
+        self.breakdown_dock = QDockWidget("Breakdown by kind", self)
+        self.breakdown_dock.setObjectName("breakdown_dock")
+        self.breakdown_dock.setWidget(self.breakdown)
+        self.breakdown_dock.setToolTip(
+            "Unique tensor bytes by kind at each census: parameters, gradients, optimizer "
+            "state, activations, buffers, other"
+        )
+        self.addDockWidget(Qt.RightDockWidgetArea, self.breakdown_dock)
         self.addDockWidget(Qt.RightDockWidgetArea, self.readings_dock)
 
     def _action(
@@ -170,6 +194,12 @@ class MainWindow(QMainWindow):
             lambda: self.run_command("reset_peaks"),
             "Ctrl+Shift+P",
             "Start new peak figures from now",
+        )
+        self.act_census = a(
+            "Take a &census",
+            lambda: self.run_command("census"),
+            "Ctrl+Shift+C",
+            "List every live tensor by storage, with names",
         )
         self.act_steps = a(
             "X axis in &steps",
@@ -245,12 +275,16 @@ class MainWindow(QMainWindow):
         m = mb.addMenu("&Memory")
         for act in (self.act_gc, self.act_empty, self.act_reset):
             m.addAction(act)
+        m.addSeparator()
+        m.addAction(self.act_census)
         m = mb.addMenu("&View")
         for act in (self.act_steps, self.act_follow, self.act_pause):
             m.addAction(act)
         m.addSeparator()
         m.addAction(self.log_dock.toggleViewAction())
         m.addAction(self.readings_dock.toggleViewAction())
+        m.addAction(self.tensors_dock.toggleViewAction())
+        m.addAction(self.breakdown_dock.toggleViewAction())
         theme_menu = m.addMenu("&Theme")
         self.theme_group = QActionGroup(self)
         for theme in THEMES:
@@ -308,6 +342,8 @@ class MainWindow(QMainWindow):
         idx = self.window_combo.findText(str(window))
         self.window_combo.setCurrentIndex(idx if idx >= 0 else 1)
         self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
+        auto = s.value("census/auto", True)
+        self.tensors.auto_check.setChecked(auto not in (False, "false"))
         theme = s.value("view/theme", "system")
         for act in self.theme_group.actions():
             act.setChecked(act.data() == theme)
@@ -333,6 +369,8 @@ class MainWindow(QMainWindow):
         self.plot.apply_palette()
         self.log.setPalette(app.palette())
         self.log.update_formats()
+        self.breakdown.setPalette(app.palette())
+        self.breakdown.apply_palette()
 
     def _refresh_recent(self) -> None:
         self.recent_menu.clear()
@@ -421,6 +459,8 @@ class MainWindow(QMainWindow):
         self.session.reset()
         self.plot.clear_data()
         self.readings.clear_rows()
+        self.tensors.clear()
+        self.breakdown.refresh(force=True)
         if self._runs > 1:
             self.log.append_records([LogRecord(0, Stream.TORCHMEM, "─" * 60)])
         self.last_result = None
@@ -495,6 +535,9 @@ class MainWindow(QMainWindow):
                 self.run_label.setText("● Running")
             elif isinstance(event, RunFinished):
                 self._show_finished(event)
+            elif isinstance(event, CensusTaken):
+                self.tensors.refresh()
+                self.breakdown.refresh()
             elif isinstance(event, CommandResult):
                 self.statusBar().showMessage(event.message, 15000)
                 self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, event.message)])
@@ -542,6 +585,11 @@ class MainWindow(QMainWindow):
         )
         if not running and self.script is None:
             self.run_label.setText("No script: Ctrl+O to open one")
+
+    @Slot(bool)
+    def _set_auto_census(self, enabled: bool) -> None:
+        self.source.census_schedule.enabled = enabled
+        self.settings.setValue("census/auto", enabled)
 
     @Slot()
     def _toggle_x_mode(self) -> None:

@@ -1,0 +1,224 @@
+"""The Tensors panel: what holds the memory, storage by storage, with real names."""
+
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import QModelIndex, Qt, Signal, Slot
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QTreeView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from torchmem.events import CensusTaken
+from torchmem.session import Session
+from torchmem.tensor_census import KIND_LABELS, StorageInfo, TensorInfo, referrer_chain
+from torchmem.units import format_bytes
+
+from .tensor_model import TensorFilterProxy, TensorModel
+
+GAP_LABEL = "not held by a Python tensor (allocator rounding, autograd buffers, C++ caches)"
+
+
+class TensorPanel(QWidget):
+    """Census tree with a filter, totals per device, and changes since the last census."""
+
+    #: The user asked for a new census (Refresh).
+    refresh_requested = Signal()
+    #: The user switched automatic censuses at step boundaries on or off.
+    auto_toggled = Signal(bool)
+
+    def __init__(self, session: Session, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.session = session
+        self.model = TensorModel(self)
+        self.proxy = TensorFilterProxy(self)
+        self.proxy.setSourceModel(self.model)
+        self._shown: CensusTaken | None = None
+
+        self.refresh_button = QPushButton("Refresh")
+        self.refresh_button.setToolTip("Take a census of every live tensor now (Ctrl+Shift+C)")
+        self.refresh_button.clicked.connect(self.refresh_requested)
+        self.auto_check = QCheckBox("At step boundaries")
+        self.auto_check.setChecked(True)
+        self.auto_check.setToolTip(
+            "Take a census automatically at step boundaries, as often as a 1% overhead "
+            "budget allows (measured from the step time and the census's own duration)"
+        )
+        self.auto_check.toggled.connect(self.auto_toggled)
+        self.filter_edit = QLineEdit()
+        self.filter_edit.setPlaceholderText("Filter: name, dtype, device, shape, kind (all words)")
+        self.filter_edit.setClearButtonEnabled(True)
+        self.filter_edit.textChanged.connect(self.proxy.set_filter_text)
+        top = QHBoxLayout()
+        top.addWidget(self.refresh_button)
+        top.addWidget(self.auto_check)
+        top.addWidget(self.filter_edit, 1)
+
+        self.totals = QLabel("No census yet: press Refresh while a script runs.")
+        self.totals.setWordWrap(True)
+        self.totals.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.changes = QLabel("")
+        self.changes.setWordWrap(True)
+
+        self.view = QTreeView()
+        self.view.setModel(self.proxy)
+        self.view.setSortingEnabled(True)
+        self.view.sortByColumn(2, Qt.DescendingOrder)
+        self.view.setUniformRowHeights(True)
+        self.view.setAlternatingRowColors(True)
+        self.view.header().setSectionResizeMode(0, QHeaderView.Interactive)
+        self.view.header().resizeSection(0, 380)
+        self.view.doubleClicked.connect(self.show_details)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(top)
+        layout.addWidget(self.totals)
+        layout.addWidget(self.changes)
+        layout.addWidget(self.view, 1)
+
+    def clear(self) -> None:
+        """Forget the shown census (a new run)."""
+        self._shown = None
+        self.model.set_census(None)
+        self.totals.setText("No census yet: press Refresh while a script runs.")
+        self.changes.setText("")
+
+    @Slot()
+    def refresh(self) -> None:
+        """Show the Session's latest census if it is not shown yet."""
+        latest, previous = self.session.censuses()
+        if latest is None or latest is self._shown:
+            return
+        self._shown = latest
+        census = latest.census
+        diff = census.diff(previous.census if previous else None)
+        new_keys = {s.key for s in diff.new} if previous else set()
+        self.model.set_census(census, new_keys)
+        self.totals.setText(self._totals_text(census))
+        when = f"step {latest.step:,}" if latest.step else f"{latest.t:.1f} s"
+        text = (
+            f"Census at {when} ({'automatic' if latest.trigger == 'step' else 'refresh'}, "
+            f"took {census.duration_s * 1000:.0f} ms)"
+        )
+        if previous is not None:
+            grown = sum(d for _, d in diff.grown)
+            text += (
+                f" · since the last one: +{len(diff.new):,} storages "
+                f"({format_bytes(diff.new_bytes)}), −{len(diff.freed):,} "
+                f"({format_bytes(diff.freed_bytes)})"
+                + (f", {len(diff.grown)} grown (+{format_bytes(grown)})" if diff.grown else "")
+                + "; new rows are highlighted"
+            )
+        if census.skipped:
+            reasons = sorted({s.reason for s in census.skipped})
+            text += f" · {len(census.skipped)} skipped: " + "; ".join(reasons[:3])
+        self.changes.setText(text)
+
+    def _totals_text(self, census) -> str:
+        latest = self.session.latest()
+        lines = []
+        for device in census.devices() or ["cpu"]:
+            unique, naive = census.total_bytes(device), census.naive_bytes(device)
+            n = sum(len(s.tensors) for s in census.storages.values() if s.device == device)
+            line = (
+                f"<b>{device}</b>: {format_bytes(unique)} in {n:,} tensors (unique storage "
+                f"bytes) · naive sum {format_bytes(naive)}"
+            )
+            allocated = latest.get(f"{device}/allocated", (math.nan, 0))[0]
+            if device != "cpu" and not math.isnan(allocated):
+                line += f" · {format_bytes(allocated - unique)} {GAP_LABEL}"
+            kinds = census.bytes_by_kind(device)
+            parts = [f"{KIND_LABELS[k]} {format_bytes(v)}" for k, v in kinds.items() if v]
+            lines.append(line + "<br>&nbsp;&nbsp;" + ", ".join(parts))
+        share = census.named_share()
+        lines.append(f"{100 * share:.1f}% of the bytes carry a real name")
+        return "<br>".join(lines)
+
+    @Slot(QModelIndex)
+    def show_details(self, index: QModelIndex) -> None:
+        """A dialog with the tensor's details and what keeps it alive."""
+        info = self.model.info_at(self.proxy.mapToSource(index))
+        if info is None:
+            return
+        dialog = TensorDetails(
+            info,
+            self.model.census.storages.get(
+                info.key if isinstance(info, StorageInfo) else info.storage_key
+            ),
+            self,
+        )
+        dialog.show()
+
+
+class TensorDetails(QDialog):
+    """Details of one storage or tensor, with its referrer chain and grad_fn."""
+
+    def __init__(
+        self,
+        info: StorageInfo | TensorInfo,
+        storage: StorageInfo | None,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.setWindowTitle(f"Tensor: {info.name}")
+        self.resize(640, 420)
+        text = QPlainTextEdit()
+        text.setReadOnly(True)
+        text.setPlainText(details_text(info, storage))
+        buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(text)
+        layout.addWidget(buttons)
+        self.text = text
+
+
+def details_text(info: StorageInfo | TensorInfo, storage: StorageInfo | None) -> str:
+    """The details shown for a storage or a tensor (plain text)."""
+    tensor = info.tensors[0] if isinstance(info, StorageInfo) and info.tensors else info
+    lines = [f"Name: {info.name}"]
+    if isinstance(tensor, TensorInfo):
+        if len(tensor.names) > 1:
+            lines.append("Also known as: " + ", ".join(tensor.names[1:]))
+        lines += [
+            f"Kind: {KIND_LABELS[tensor.kind]}",
+            f"Shape: {list(tensor.shape)}   stride: {list(tensor.stride)}   "
+            f"storage offset: {tensor.storage_offset}",
+            f"Dtype: {tensor.dtype} ({tensor.element_size} B per element)   "
+            f"elements: {tensor.numel:,}",
+            f"Device: {tensor.device}{'   pinned' if tensor.pinned else ''}",
+            f"Bytes it spans: {format_bytes(tensor.span_bytes)}   "
+            f"contiguous: {tensor.is_contiguous}   view: {tensor.is_view}",
+            f"requires_grad: {tensor.requires_grad}   is_leaf: {tensor.is_leaf}   "
+            f"grad_fn: {tensor.grad_fn or '-'}",
+        ]
+    if storage is not None:
+        lines.append(
+            f"Storage: {format_bytes(storage.nbytes)} on {storage.device} at "
+            f"0x{storage.key[1]:x}, viewed by {len(storage.tensors)} tensor(s): "
+            + ", ".join(t.name for t in storage.tensors[:8])
+        )
+    alive = tensor.alive() if isinstance(tensor, TensorInfo) else None
+    if alive is None:
+        lines.append(
+            "\nWhat keeps it alive: it has been freed since the census "
+            "(or lives only inside the autograd graph)."
+        )
+    else:
+        chain = referrer_chain(alive)
+        del alive
+        lines.append("\nWhat keeps it alive (nearest first):")
+        lines += [f"  ← {hop}" for hop in chain] or ["  (nothing found in Python objects)"]
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""The Tensors panel and the breakdown chart, as a user drives them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PySide6.QtCore import QModelIndex, QSettings, Qt
+
+from torchmem.backends import ProcessBackend
+from torchmem.events import CensusTaken
+from torchmem.gui.main_window import MainWindow
+from torchmem.gui.tensor_model import TensorFilterProxy, TensorModel
+from torchmem.gui.tensor_panel import TensorDetails, details_text
+from torchmem.resources import demo_script
+from torchmem.session import Session
+from torchmem.source import InProcessSource
+from torchmem.tensor_census import take_census
+
+RUN_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    source = InProcessSource(Session(), [ProcessBackend()])
+    w = MainWindow(source, QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat))
+    qtbot.addWidget(w)
+    w.show()
+    yield w
+    w.close()
+
+
+def small_census():
+    held = {
+        "weights": torch.zeros(100, 10),
+        "flat": None,
+        "ids": torch.arange(50, dtype=torch.int64),
+        "mask": torch.zeros(7, dtype=torch.bool),
+    }
+    held["flat"] = held["weights"].view(-1)
+    return take_census([("", held)]), held
+
+
+def test_model_passes_qtmodeltester(qtmodeltester):
+    census, held = small_census()
+    model = TensorModel()
+    model.set_census(census)
+    qtmodeltester.check(model, force_py=True)
+    proxy = TensorFilterProxy()
+    proxy.setSourceModel(model)
+    qtmodeltester.check(proxy, force_py=True)
+    del held
+
+
+def test_filter_and_sort_through_the_proxy():
+    census, held = small_census()
+    model = TensorModel()
+    model.set_census(census)
+    proxy = TensorFilterProxy()
+    proxy.setSourceModel(model)
+    proxy.set_filter_text("int64")
+    names = [proxy.index(r, 0).data() for r in range(proxy.rowCount())]
+    assert names == ["ids"]
+    proxy.set_filter_text("weights float32")
+    assert [proxy.index(r, 0).data() for r in range(proxy.rowCount())] == ["weights"]
+    parent = proxy.index(0, 0)
+    children = sorted(proxy.index(r, 0, parent).data() for r in range(proxy.rowCount(parent)))
+    assert children == ["flat (view)", "weights"]
+    proxy.set_filter_text("")
+    proxy.sort(2, Qt.AscendingOrder)
+    sizes = [proxy.index(r, 0).data(Qt.UserRole) for r in range(proxy.rowCount())]
+    assert sizes == sorted(sizes)
+    proxy.sort(2, Qt.DescendingOrder)
+    sizes = [proxy.index(r, 0).data(Qt.UserRole) for r in range(proxy.rowCount())]
+    assert sizes == sorted(sizes, reverse=True)
+    proxy.sort(0, Qt.AscendingOrder)
+    first = [proxy.index(r, 0).data().lower() for r in range(proxy.rowCount())]
+    assert first == sorted(first)
+    del held
+
+
+def test_large_census_sorts_and_filters_quickly(qtbot):
+    many = [torch.zeros(i % 17 + 1) for i in range(20_000)]
+    census = take_census([("", {"many": many})], referrers=False)
+    model = TensorModel()
+    model.set_census(census)
+    proxy = TensorFilterProxy()
+    proxy.setSourceModel(model)
+    assert proxy.rowCount() >= 20_000
+    proxy.sort(2, Qt.AscendingOrder)
+    assert proxy.index(0, 0).data(Qt.UserRole) <= proxy.index(proxy.rowCount() - 1, 0).data(
+        Qt.UserRole
+    )
+    proxy.set_filter_text("many[1999")
+    assert 1 <= proxy.rowCount() <= 20
+    del many
+
+
+def test_refresh_lists_the_demo_with_real_names(qtbot, window, capsys):
+    window.load_script(
+        str(demo_script()), ["--epochs", "1", "--steps", "400", "--batch-size", "16"], run=True
+    )
+    qtbot.waitUntil(lambda: window.session.steps.steps >= 5, timeout=RUN_TIMEOUT_MS)
+    window.tensors.refresh_button.click()
+    qtbot.waitUntil(
+        lambda: window.tensors.model.census is not None and window.tensors._shown.trigger == "user",
+        timeout=30_000,
+    )
+    census = window.tensors.model.census
+    share = census.named_share()
+    with capsys.disabled():
+        print(
+            f"\n[census] demo mid-training: {100 * share:.2f}% of tensor bytes named, "
+            f"{sum(1 for _ in census.tensors())} tensors, {census.duration_s * 1000:.0f} ms"
+        )
+    assert share >= 0.95
+    names = {t.name for t in census.tensors()}
+    assert "model.0.weight" in names
+    assert "Adam.state[model.0.weight].exp_avg" in names
+    assert "cpu:" in window.tensors.totals.text() or "cpu</b>" in window.tensors.totals.text()
+    assert "naive sum" in window.tensors.totals.text()
+    assert "Census:" in window.statusBar().currentMessage()
+    window.stop()
+    qtbot.waitUntil(lambda: not window.running, timeout=RUN_TIMEOUT_MS)
+    assert window.breakdown.stacked_totals(), "the breakdown chart shows the censuses"
+
+
+def test_second_refresh_highlights_new_storages_and_details_show_the_holder(
+    qtbot, window, script_path
+):
+    window.load_script(script_path("train_forever.py"), [], run=True)
+    qtbot.waitUntil(lambda: window.session.steps.steps >= 3, timeout=RUN_TIMEOUT_MS)
+    window.act_census.trigger()
+    qtbot.waitUntil(
+        lambda: window.tensors._shown is not None and window.tensors._shown.trigger == "user",
+        timeout=30_000,
+    )
+    first = window.tensors._shown
+    window.act_census.trigger()
+    qtbot.waitUntil(
+        lambda: window.tensors._shown is not first and window.tensors._shown.trigger == "user",
+        timeout=30_000,
+    )
+    assert "since the last one" in window.tensors.changes.text()
+    model = window.tensors.model
+    rows = {model.storage(r).name: r for r in range(model.rowCount())}
+    row = rows["model.weight"]
+    assert model.data(model.index(row, 1)) == "parameters"
+    storage = model.storage(row)
+    text = details_text(storage, storage)
+    assert "Name: model.weight" in text and "Shape: [4, 16]" in text
+    assert "What keeps it alive" in text
+    window.stop()
+    qtbot.waitUntil(lambda: not window.running, timeout=RUN_TIMEOUT_MS)
+
+
+def test_turning_automatic_censuses_off_is_remembered(qtbot, window):
+    window.tensors.auto_check.setChecked(False)
+    assert window.source.census_schedule.enabled is False
+    assert window.settings.value("census/auto") in (False, "false")
+
+
+def test_double_click_opens_details_with_the_holder(qtbot, window):
+    census, held = small_census()
+    window.session.submit(CensusTaken(1.0, 3, census))
+    window.bridge.flush()
+    proxy = window.tensors.proxy
+    proxy.set_filter_text("weights")
+    window.tensors.view.doubleClicked.emit(proxy.index(0, 0, QModelIndex()))
+    dialogs = window.tensors.findChildren(TensorDetails)
+    assert len(dialogs) == 1
+    text = dialogs[0].text.toPlainText()
+    assert "Name: weights" in text and "Shape: [100, 10]" in text
+    assert "viewed by 2 tensor(s)" in text
+    assert "value of key 'weights' in a dict" in text
+    dialogs[0].close()
+    del held
