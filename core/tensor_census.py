@@ -17,7 +17,6 @@ import gc
 import sys
 import time
 import types
-import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +32,11 @@ KIND_LABELS = {
     "plain": "other",
 }
 _KIND_RANK = {k: i for i, k in enumerate(KINDS)}
-MAX_CONTAINER_ITEMS = 10_000
+MAX_CONTAINER_ITEMS = 1_000_000
 MAX_GRAPH_NODES = 200_000
-MAX_REFERRER_TENSORS = 20_000
+# gc.get_referrers(*targets) compares every reference on the heap with every target, so
+# the walk is kept to the largest unnamed tensors (where the unnamed bytes are).
+MAX_REFERRER_TENSORS = 32
 
 StorageKey = tuple[str, int]
 
@@ -63,11 +64,29 @@ class TensorInfo:
     storage_key: StorageKey
     names: tuple[str, ...] = ()
     named: bool = True
-    ref: Any = field(default=None, repr=False, compare=False)
 
     def alive(self) -> Any:
-        """The tensor itself if it still exists (a strong reference: drop it soon)."""
-        return self.ref() if self.ref is not None else None
+        """Find this tensor again if it still exists (a strong reference: drop it soon).
+
+        A census keeps no reference to tensors (not even weak ones, which cost more than
+        the rest of a tensor's entry); one gc pass finds it on demand instead.
+        """
+        import torch
+
+        Tensor = torch.Tensor
+        for obj in gc.get_objects():
+            if (
+                issubclass(type(obj), Tensor)
+                and not obj.is_meta
+                and obj.layout is torch.strided
+                and str(obj.device) == self.device
+                and tuple(obj.shape) == self.shape
+                and obj.stride() == self.stride
+                and obj.storage_offset() == self.storage_offset
+                and obj.untyped_storage().data_ptr() == self.storage_key[1]
+            ):
+                return obj
+        return None
 
 
 @dataclass(slots=True)
@@ -231,12 +250,18 @@ class _Walk:
         self.storages: dict[StorageKey, StorageInfo] = {}
         self.storage_of: dict[int, StorageKey] = {}  # _storage_address -> key
         self.saved_attrs: dict[type, list[str]] = {}
+        self.dtype_names: dict[Any, str] = {}
+        self.unnamed: dict[int, TensorInfo] = {}  # id(tensor) -> its entry, for referrers
+        self.strided = torch.strided
 
     def name(self, t: Any, name: str, kind: str) -> None:
-        entry = self.names.setdefault(id(t), [])
-        if all(n != name for n, _ in entry):
+        key = id(t)
+        entry = self.names.get(key)
+        if entry is None:
+            self.names[key] = [(name, kind)]
+            self.by_id[key] = t  # keeps t alive (and its id unique) until the census ends
+        elif (name, kind) not in entry:
             entry.append((name, kind))
-        self.by_id.setdefault(id(t), t)
 
     # -- namespaces ---------------------------------------------------------------------
     def name_namespace(self, prefix: str, ns: dict[str, Any], depth: int = 2) -> None:
@@ -274,25 +299,11 @@ class _Walk:
 
     # -- storages -------------------------------------------------------------------------
     def add(self, t: Any, name: str, kind: str, named: bool, names: tuple[str, ...]) -> None:
-        """Size ``t`` and file it under its storage."""
-        layout = t.layout
-        torch = self.torch
-        if layout is torch.sparse_coo:
-            self.add(t._indices(), f"{name}.indices", kind, named, ())
-            self.add(t._values(), f"{name}.values", kind, named, ())
+        """Size ``t`` and file it under its storage (the hot path of a census)."""
+        if t.layout is not self.strided:
+            self._add_sparse(t, name, kind, named)
             return
-        if layout in (torch.sparse_csr, torch.sparse_bsr):
-            self.add(t.crow_indices(), f"{name}.crow_indices", kind, named, ())
-            self.add(t.col_indices(), f"{name}.col_indices", kind, named, ())
-            self.add(t.values(), f"{name}.values", kind, named, ())
-            return
-        if layout in (torch.sparse_csc, torch.sparse_bsc):
-            self.add(t.ccol_indices(), f"{name}.ccol_indices", kind, named, ())
-            self.add(t.row_indices(), f"{name}.row_indices", kind, named, ())
-            self.add(t.values(), f"{name}.values", kind, named, ())
-            return
-        device = t.device
-        if device.type == "meta":
+        if t.is_meta:
             self.skipped.append(Skipped(name, "meta tensor: holds no memory"))
             return
         if t.is_nested:
@@ -301,49 +312,75 @@ class _Walk:
         try:
             key = self.storage_key(t)
         except (RuntimeError, NotImplementedError, TypeError, AttributeError) as exc:
-            reason = (
-                str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
-            )
+            text = str(exc).strip()
+            reason = text.splitlines()[0][:120] if text else type(exc).__name__
             self.skipped.append(Skipped(name, f"{type(t).__name__} without real storage: {reason}"))
             return
         shape = tuple(t.shape)
         stride = t.stride()
         esize = t.element_size()
         numel = t.numel()
-        span = (
-            0
-            if numel == 0
-            else (1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))) * esize
-        )
+        if numel == 0:
+            span = 0
+        else:
+            span = 1
+            for n, st in zip(shape, stride, strict=True):
+                span += (n - 1) * st
+            span *= esize
         grad_fn = t.grad_fn
-        try:
-            ref = weakref.ref(t)
-        except TypeError:
-            ref = None
-        self.storages[key].tensors.append(
-            TensorInfo(
-                name=name,
-                kind=kind,
-                shape=shape,
-                stride=tuple(stride),
-                storage_offset=t.storage_offset(),
-                dtype=str(t.dtype).removeprefix("torch."),
-                device=str(device),
-                numel=numel,
-                element_size=esize,
-                span_bytes=span,
-                is_view=t._base is not None,
-                is_contiguous=t.is_contiguous(),
-                requires_grad=t.requires_grad,
-                is_leaf=t.is_leaf,
-                grad_fn=type(grad_fn).__name__ if grad_fn is not None else "",
-                pinned=device.type == "cpu" and _is_pinned(t),
-                storage_key=key,
-                names=names,
-                named=named,
-                ref=ref,
-            )
+        dtype = t.dtype
+        dtype_name = self.dtype_names.get(dtype)
+        if dtype_name is None:
+            dtype_name = self.dtype_names[dtype] = str(dtype).removeprefix("torch.")
+        device = key[0]
+        info = TensorInfo(
+            name,
+            kind,
+            shape,
+            stride,
+            t.storage_offset(),
+            dtype_name,
+            device,
+            numel,
+            esize,
+            span,
+            t._base is not None,
+            _contiguous(shape, stride),
+            t.requires_grad,
+            grad_fn is None,  # is_leaf, without asking torch again
+            type(grad_fn).__name__ if grad_fn is not None else "",
+            device == "cpu" and _is_pinned(t),
+            key,
+            names,
+            named,
         )
+        self.storages[key].tensors.append(info)
+        if not named:
+            self.unnamed[id(t)] = info
+
+    def _add_sparse(self, t: Any, name: str, kind: str, named: bool) -> None:
+        """Sparse tensors have no storage of their own: count their component tensors."""
+        torch = self.torch
+        layout = t.layout
+        if layout is torch.sparse_coo:
+            parts = (("indices", t._indices()), ("values", t._values()))
+        elif layout in (torch.sparse_csr, torch.sparse_bsr):
+            parts = (
+                ("crow_indices", t.crow_indices()),
+                ("col_indices", t.col_indices()),
+                ("values", t.values()),
+            )
+        elif layout in (torch.sparse_csc, torch.sparse_bsc):
+            parts = (
+                ("ccol_indices", t.ccol_indices()),
+                ("row_indices", t.row_indices()),
+                ("values", t.values()),
+            )
+        else:
+            self.skipped.append(Skipped(name, f"layout {layout} is not sized"))
+            return
+        for part, tensor in parts:
+            self.add(tensor, f"{name}.{part}", kind, named, ())
 
     def storage_key(self, t: Any) -> StorageKey:
         """The key of ``t``'s storage, creating its entry on first sight."""
@@ -351,7 +388,7 @@ class _Walk:
         key = self.storage_of.get(address)
         if key is None:
             storage = t.untyped_storage()
-            key = (str(t.device), storage.data_ptr())
+            key = (str(storage.device), storage.data_ptr())
             self.storage_of[address] = key
             if key not in self.storages:
                 self.storages[key] = StorageInfo(key, storage.nbytes())
@@ -400,6 +437,18 @@ _SKIP_TYPES = (
     type,
     types.MethodType,
 )
+
+
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """torch's is_contiguous(), computed from shape and stride (saves a call per tensor)."""
+    expected = 1
+    for n, st in zip(reversed(shape), reversed(stride), strict=True):
+        if n == 0:
+            return True
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return True
 
 
 def _is_pinned(t: Any) -> bool:
@@ -646,9 +695,10 @@ def take_census(
     def file(t: Any) -> None:
         entries = walk.names.get(id(t))
         if entries:
-            entries.sort(key=lambda e: _KIND_RANK[e[1]])
+            if len(entries) > 1:
+                entries.sort(key=lambda e: _KIND_RANK[e[1]])
             name, kind = entries[0]
-            names = tuple(n for n, _ in entries)
+            names = tuple(n for n, _ in entries) if len(entries) > 1 else (name,)
             if kind == "plain" and t.grad_fn is not None:
                 kind = "activation"
             walk.add(t, name, kind, True, names)
@@ -686,30 +736,30 @@ def take_census(
 
     # 6. A bounded referrer walk for tensors that still have no name.
     if referrers:
+        unnamed = [t for t in tensors if id(t) in walk.unnamed]
+        if len(unnamed) > MAX_REFERRER_TENSORS:
+            unnamed.sort(
+                key=lambda t: walk.storages[walk.unnamed[id(t)].storage_key].nbytes, reverse=True
+            )
+            del unnamed[MAX_REFERRER_TENSORS:]
         _name_by_referrers(
-            walk,
-            [t for t in tensors if id(t) not in walk.names],
-            exclude={id(tensors), id(modules), id(optimizers), id(walk.by_id)},
+            walk.unnamed,
+            unnamed,
+            exclude={id(tensors), id(modules), id(optimizers), id(walk.by_id), id(unnamed)},
         )
+        unnamed.clear()
+    walk.unnamed.clear()
     tensors.clear()
     walk.by_id.clear()
     census = Census(walk.storages, walk.skipped, time.perf_counter() - started, step)
     return census
 
 
-def _name_by_referrers(walk: _Walk, unnamed: list[Any], exclude: set[int]) -> None:
-    """Name unnamed tensors by the container that holds them (one gc scan for all)."""
+def _name_by_referrers(infos: dict[int, TensorInfo], unnamed: list[Any], exclude: set[int]) -> None:
+    """Name ``unnamed`` tensors by the container that holds them (one gc scan for all)."""
     if not unnamed:
         return
-    unnamed = unnamed[:MAX_REFERRER_TENSORS]
-    wanted = {id(t): t for t in unnamed}
-    exclude = exclude | {id(unnamed), id(wanted), id(sys._getframe())}
-    infos = {
-        id(info.ref()): info
-        for s in walk.storages.values()
-        for info in s.tensors
-        if not info.named and info.ref is not None and id(info.ref()) in wanted
-    }
+    exclude = exclude | {id(infos), id(sys._getframe())}
     for ref in gc.get_referrers(*unnamed):
         if id(ref) in exclude or isinstance(ref, types.FrameType):
             continue
@@ -721,5 +771,3 @@ def _name_by_referrers(walk: _Walk, unnamed: list[Any], exclude: set[int]) -> No
             if where:
                 info.name = f"{where}: {info.name}"
                 info.named = True
-    infos.clear()
-    wanted.clear()

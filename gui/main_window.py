@@ -331,7 +331,7 @@ class MainWindow(QMainWindow):
             self.restoreState(state)
         else:  # first start: most of the room for the traces
             self.resizeDocks([self.readings_dock], [330], Qt.Horizontal)
-            self.resizeDocks([self.log_dock], [190], Qt.Vertical)
+            self.resizeDocks([self.log_dock], [240], Qt.Vertical)
         if s.value("view/x_mode", "time") == "steps":
             self.act_steps.setChecked(True)
             self.plot.set_x_mode("steps")
