@@ -119,6 +119,7 @@ class MainWindow(QMainWindow):
         self.readings_dock.setObjectName("readings_dock")
         self.readings_dock.setWidget(self.readings)
         self.readings.setMinimumWidth(300)
+        self.readings.setMinimumHeight(150)
 
         self.tensors = TensorPanel(self.session)
         self.tensors.refresh_requested.connect(lambda: self.run_command("census"))

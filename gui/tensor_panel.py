@@ -79,6 +79,7 @@ class TensorPanel(QWidget):
         self.view.setAlternatingRowColors(True)
         self.view.header().setSectionResizeMode(0, QHeaderView.Interactive)
         self.view.header().resizeSection(0, 380)
+        self.view.header().resizeSection(1, 230)
         self.view.doubleClicked.connect(self.show_details)
 
         layout = QVBoxLayout(self)
