@@ -57,11 +57,20 @@ METRICS: dict[str, Metric] = {
         "Unique set size: RAM that would be freed if the process exited (no shared pages). "
         "Read at most every 2 s because it is costly.",
     ),
+    "alloc_retries": Metric(
+        "allocation retries",
+        "How often cudaMalloc failed and the allocator flushed its cache to retry "
+        "(num_alloc_retries): a near-OOM slowdown. A count, not bytes.",
+    ),
     "available": Metric(
         "system available",
         "RAM the operating system can still give to processes without swapping.",
     ),
 }
+
+
+#: Metrics that are not byte counts (not drawn on the memory axes).
+COUNT_METRICS = frozenset({"alloc_retries"})
 
 
 def series_key(device: str, metric: str) -> str:
@@ -93,8 +102,12 @@ class MemoryBackend:
     #: True for devices with their own memory (gets empty_cache and peak resets).
     is_accelerator: bool = False
 
-    def read(self, out: dict[str, float]) -> None:
-        """Add this backend's current readings to ``out``."""
+    def read(self, out: dict[str, float], full: bool = True) -> None:
+        """Add this backend's current readings to ``out``.
+
+        ``full=False`` asks for the cheap counters only (taken at step boundaries, inside
+        the training loop): costly extras such as USS are left to the sampler thread.
+        """
 
     def capacity(self) -> dict[str, int]:
         """Total memory per device name, where known."""
@@ -118,8 +131,10 @@ class ProcessBackend(MemoryBackend):
         self._next_uss = 0.0
         self._uss_ok = True
 
-    def read(self, out: dict[str, float]) -> None:
+    def read(self, out: dict[str, float], full: bool = True) -> None:
         out["cpu/rss"] = float(self.process.memory_info().rss)
+        if not full:
+            return
         now = time.monotonic()
         if self._uss_ok and now >= self._next_uss:
             self._next_uss = now + self.uss_every_s
@@ -146,6 +161,7 @@ class TorchAllocatorBackend(MemoryBackend):
         self.module = module
         self.kind = kind
         self._capacity: dict[str, int] = {}
+        self._next_stats = 0.0
 
     def _active_devices(self) -> list[int]:
         m = self.module
@@ -154,13 +170,21 @@ class TorchAllocatorBackend(MemoryBackend):
         current = m.current_device()
         return [i for i in range(m.device_count()) if i == current or m.memory_reserved(i) > 0]
 
-    def read(self, out: dict[str, float]) -> None:
+    def read(self, out: dict[str, float], full: bool = True) -> None:
         m = self.module
+        now = time.monotonic()
+        stats_due = full and now >= self._next_stats
+        if stats_due:
+            self._next_stats = now + 1.0  # memory_stats builds a large dict: at most 1 Hz
         for i in self._active_devices():
             dev = f"{self.kind}:{i}"
             out[f"{dev}/allocated"] = float(m.memory_allocated(i))
             out[f"{dev}/reserved"] = float(m.memory_reserved(i))
             out[f"{dev}/peak_allocated"] = float(m.max_memory_allocated(i))
+            if stats_due and hasattr(m, "memory_stats"):
+                retries = m.memory_stats(i).get("num_alloc_retries")
+                if retries is not None:
+                    out[f"{dev}/alloc_retries"] = float(retries)
 
     def capacity(self) -> dict[str, int]:
         for i in self._active_devices():
@@ -187,7 +211,7 @@ class MpsBackend(MemoryBackend):
     def __init__(self, module: Any) -> None:
         self.module = module
 
-    def read(self, out: dict[str, float]) -> None:
+    def read(self, out: dict[str, float], full: bool = True) -> None:
         out["mps/allocated"] = float(self.module.current_allocated_memory())
         out["mps/reserved"] = float(self.module.driver_allocated_memory())
 
@@ -234,9 +258,9 @@ class NvmlBackend(MemoryBackend):
             pass
         return f"cuda:{index}"
 
-    def read(self, out: dict[str, float]) -> None:
+    def read(self, out: dict[str, float], full: bool = True) -> None:
         now = time.monotonic()
-        if now < self._next:
+        if not full or now < self._next:
             return
         self._next = now + self.every_s
         nvml = self.nvml

@@ -61,6 +61,11 @@ def run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--summary", metavar="JSON", help="write a JSON summary of the run here")
     p.add_argument("--quiet", action="store_true", help="no closing line unless the run fails")
+    p.add_argument(
+        "--fail-on-leak",
+        action="store_true",
+        help="exit with code 4 when a leak alert fired (for CI), unless the script failed",
+    )
     _common(p)
     p.add_argument("script", help="the Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -80,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ScriptError as exc:
             print(f"torchmem: {exc}", file=sys.stderr)
             return 2
-        return run_headless(opts.script, opts.args, opts.summary, opts.hz, opts.cwd, opts.quiet)
+        return run_headless(
+            opts.script, opts.args, opts.summary, opts.hz, opts.cwd, opts.quiet, opts.fail_on_leak
+        )
 
     demo_args: list[str] = []
     if "--demo" in argv:

@@ -17,11 +17,14 @@ class Sample:
     """One reading of every memory counter, ``t`` seconds after the session started.
 
     ``values`` maps a series key ``"<device>/<metric>"`` (``cuda:0/allocated``,
-    ``cpu/rss``, ``system/available``) to bytes.
+    ``cpu/rss``, ``system/available``) to bytes. ``step`` is set when the reading was
+    taken at the boundary of that step (the same point of every iteration, which is
+    where leak detection measures), ``None`` for the sampler's periodic readings.
     """
 
     t: float
     values: dict[str, float]
+    step: int | None = None
 
 
 class MarkerKind(str, Enum):
@@ -115,4 +118,47 @@ class CensusTaken:
     trigger: str = "user"
 
 
-Event = Sample | Marker | LogRecord | RunStarted | RunFinished | CommandResult | CensusTaken
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """A memory problem: raised once per ``key``, then updated in place, then resolved.
+
+    ``kind`` is ``leak``, ``epoch_growth``, ``cache_growth``, ``capacity`` or
+    ``alloc_retries``; ``severity`` ``warning`` or ``critical``; ``state`` ``active`` or
+    ``resolved``. ``culprits`` are plain dicts (name pattern, dtype, shape, grad_fn,
+    count and bytes per step, holder), so the alert can be written to JSON as it is.
+    """
+
+    t: float
+    key: str
+    kind: str
+    severity: str
+    state: str
+    series: str
+    first_step: int
+    step: int
+    message: str
+    suggestion: str
+    per_step: float = 0.0
+    per_minute: float = 0.0
+    culprits: tuple[dict[str, Any], ...] = ()
+    raised_step: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The alert as written in a run summary."""
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "state": self.state,
+            "series": self.series,
+            "first_step": self.first_step,
+            "raised_at_step": self.raised_step,
+            "last_step": self.step,
+            "message": self.message,
+            "suggestion": self.suggestion,
+            "bytes_per_step": round(self.per_step),
+            "bytes_per_minute": round(self.per_minute),
+            "culprits": list(self.culprits),
+        }
+
+
+Event = Sample | Marker | LogRecord | RunStarted | RunFinished | CommandResult | CensusTaken | Alert

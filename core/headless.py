@@ -19,6 +19,10 @@ from .session import Session
 from .source import InProcessSource
 from .units import format_bytes
 
+#: Exit code of ``torchmem run --fail-on-leak`` when a leak alert fired.
+EXIT_LEAK = 4
+LEAK_KINDS = ("leak", "epoch_growth")
+
 
 def summary(session: Session, source: InProcessSource, result: RunFinished) -> dict[str, Any]:
     """The run's summary as written by ``--summary``."""
@@ -35,7 +39,7 @@ def summary(session: Session, source: InProcessSource, result: RunFinished) -> d
         "samples": session.samples,
         "peak_bytes": {k: int(v) for k, v in session.peak_bytes().items()},
         "capacity_bytes": source.capacity(),
-        "alerts": [],
+        "alerts": [a.to_json() for a in session.alert_list()],
         "traceback": result.traceback,
     }
 
@@ -47,8 +51,13 @@ def run_headless(
     hz: float = 10.0,
     cwd: str | None = None,
     quiet: bool = False,
+    fail_on_leak: bool = False,
 ) -> int:
-    """Run ``script`` with monitoring; return its exit code (130 when interrupted)."""
+    """Run ``script`` with monitoring; return its exit code (130 when interrupted).
+
+    With ``fail_on_leak``, a run that raised a leak alert exits with :data:`EXIT_LEAK`
+    (unless the script itself failed: its own code wins).
+    """
     session = Session()
     source = InProcessSource(session, hz=hz)
     try:
@@ -68,6 +77,13 @@ def run_headless(
             f"{result.duration_s:.1f} s, {data['steps']} steps, {data['samples']} samples; "
             f"peaks: {peaks or 'none'}\n"
         )
+    leaks = [a for a in session.alert_list() if a.kind in LEAK_KINDS]
+    for alert in session.alert_list():
+        sys.stderr.write(
+            f"torchmem: {alert.severity.upper()} {alert.kind} ({alert.state}, first at step "
+            f"{alert.first_step}): {alert.message}\n"
+            + (f"torchmem:   fix: {alert.suggestion}\n" if alert.suggestion else "")
+        )
     if summary_path:
         try:
             out = Path(summary_path)
@@ -77,4 +93,9 @@ def run_headless(
         except OSError as exc:
             sys.stderr.write(f"torchmem: cannot write the summary to {summary_path}: {exc}\n")
             return result.exit_code or 1
+    if fail_on_leak and leaks and result.exit_code == 0:
+        sys.stderr.write(
+            f"torchmem: --fail-on-leak: {len(leaks)} leak alert(s), exit {EXIT_LEAK}\n"
+        )
+        return EXIT_LEAK
     return result.exit_code

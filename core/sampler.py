@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from .backends import MemoryBackend
@@ -43,6 +44,8 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self.ticks = 0
         self.skipped = 0
+        # Boundary readings waiting for the sampler thread (bounded: drop the oldest).
+        self._boundaries: deque[Sample] = deque(maxlen=10_000)
 
     @property
     def hz(self) -> float:
@@ -53,21 +56,39 @@ class Sampler:
         """Change the rate; takes effect from the next tick."""
         self._period = 1.0 / clamp_rate(hz)
 
-    def read(self) -> dict[str, float]:
+    def read(self, full: bool = True) -> dict[str, float]:
         """One reading of every backend; a failing backend is logged and skipped."""
         values: dict[str, float] = {}
         for backend in self.backends:
             try:
-                backend.read(values)
+                backend.read(values, full)
             except Exception:
                 log.debug("backend %s failed", backend.kind, exc_info=True)
         return values
 
     def sample(self) -> Sample:
-        """Take one sample now and hand it to the sink."""
+        """Take one sample now and hand it to the sink (boundary readings first)."""
+        self.flush_boundaries()
         sample = Sample(self.clock(), self.read())
         self.sink(sample)
         return sample
+
+    def record_boundary(self, step: int) -> None:
+        """Read the cheap counters at the boundary of ``step``, inside the training loop.
+
+        Only the reading happens here; the reading is handed to the sink by the sampler's
+        own thread at its next tick, so that whatever the Session and its models do with
+        it (leak detection, drawing) never runs in the training loop.
+        """
+        self._boundaries.append(Sample(self.clock(), self.read(full=False), step))
+
+    def flush_boundaries(self) -> None:
+        """Hand pending boundary readings to the sink, oldest first."""
+        while self._boundaries:
+            try:
+                self.sink(self._boundaries.popleft())
+            except IndexError:  # drained by another thread meanwhile
+                return
 
     def start(self) -> None:
         """Start the sampling thread (idempotent)."""

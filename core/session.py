@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .events import (
+    Alert,
     CensusTaken,
     CommandResult,
     Event,
@@ -51,6 +52,8 @@ class Session:
         self.run_finished: RunFinished | None = None
         self.samples = 0
         self.revision = 0
+        self.alerts: dict[str, Alert] = {}  # key -> latest state (active or resolved)
+        self.alert_log: deque[Alert] = deque(maxlen=2000)  # every raise, update, resolve
         self.census: CensusTaken | None = None
         self.previous_census: CensusTaken | None = None
         # (t, step, {device: {kind: bytes}}) per census: the breakdown chart's data.
@@ -110,6 +113,9 @@ class Session:
             self.run_started, self.run_finished = event, None
         elif isinstance(event, RunFinished):
             self.run_finished = event
+        elif isinstance(event, Alert):
+            self.alerts[event.key] = event
+            self.alert_log.append(event)
         elif isinstance(event, CensusTaken):
             self.previous_census, self.census = self.census, event
             census = event.census
@@ -163,6 +169,11 @@ class Session:
         """Bytes by kind per device for every census so far, oldest first."""
         with self._lock:
             return list(self.census_history)
+
+    def alert_list(self) -> list[Alert]:
+        """Latest state of every alert raised so far, newest first."""
+        with self._lock:
+            return sorted(self.alerts.values(), key=lambda a: a.t, reverse=True)
 
     def user_markers(self) -> list[Marker]:
         """User and epoch markers, oldest first."""

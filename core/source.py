@@ -7,14 +7,17 @@ thread. Later sources (agents in other processes) emit the same events.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import time
 from collections.abc import Sequence
 
 from .backends import MemoryBackend, discover_backends
 from .census_schedule import CensusSchedule
 from .commands import empty_cache, gc_collect, reset_peaks
 from .events import CensusTaken, CommandResult, Event, Marker, MarkerKind, RunFinished
+from .leaks import LeakDetector, LeakSettings
 from .runner import ScriptRunner
 from .sampler import Sampler
 from .session import Session
@@ -36,6 +39,9 @@ class InProcessSource:
         self._runner: ScriptRunner | None = None
         self.steps_seen = 0
         self.census_schedule = CensusSchedule()
+        self.leaks = LeakDetector(session.submit, self.capacity(), LeakSettings())
+        session.subscribe(self.leaks.on_event)
+        self._boundary = _BoundaryClock()
         self._census_wanted = threading.Event()
         self._census_done = threading.Event()
         self._census_reply: CensusTaken | None = None
@@ -67,23 +73,30 @@ class InProcessSource:
         runner = ScriptRunner(script, list(args), self._emit, self.session.now, cwd, capture_output)
         self._runner = runner
         self.census_schedule.reset()
+        self._boundary = _BoundaryClock()
         self.sampler.start()
         try:
             return runner.run()
         finally:
             self.steps_seen = runner.steps
             self.sampler.stop()
-            self.sampler.sample()  # the final state, after the script let go of its memory
+            self.sampler.sample()  # pending boundaries, then the state after the script
             self._runner = None
 
     def _emit(self, event: Event) -> None:
         """The runner's events go to the Session; step boundaries may take a census."""
         self.session.submit(event)
         if isinstance(event, Marker) and event.kind is MarkerKind.STEP:
+            if self._boundary.due(event.t):
+                started = time.thread_time()  # CPU work, not waiting for the GIL
+                self.sampler.record_boundary(event.step)
+                self._boundary.cost(time.thread_time() - started)
             if self._census_wanted.is_set():
                 self._census_wanted.clear()
                 self._census_reply = self.census("user")
                 self._census_done.set()
+            elif self.leaks.census_due(event.step):
+                self.census("leak")
             elif self.census_schedule.on_step(event.t, event.step):
                 self.census("step")
 
@@ -166,3 +179,42 @@ class InProcessSource:
         self.session.submit(result)
         self.sampler.sample()  # show the effect on the traces at once
         return result
+
+
+class _BoundaryClock:
+    """Which step boundaries get a reading: every one, unless that costs > 1 % of a step.
+
+    A boundary reading (RSS and accelerator counters) takes some tens of microseconds;
+    for very short steps only every k-th boundary is read, k chosen from the measured
+    step time and reading cost.
+    """
+
+    BUDGET = 0.01
+
+    def __init__(self) -> None:
+        self.step_time: float | None = None
+        self.read_cost = 0.0
+        self._last_t: float | None = None
+        self._skipped = 0
+
+    def due(self, t: float) -> bool:
+        if self._last_t is not None and t > self._last_t:
+            dt = t - self._last_t
+            self.step_time = dt if self.step_time is None else 0.9 * self.step_time + 0.1 * dt
+        self._last_t = t
+        every = 1
+        if self.step_time and self.read_cost:
+            every = max(1, math.ceil(self.read_cost / (self.BUDGET * self.step_time)))
+        self._skipped += 1
+        if self._skipped >= every:
+            self._skipped = 0
+            return True
+        return False
+
+    def cost(self, seconds: float) -> None:
+        # A single slow reading (a lazy import, a page fault) must not throttle for long.
+        if self.read_cost:
+            seconds = min(seconds, 4 * self.read_cost)
+            self.read_cost = 0.8 * self.read_cost + 0.2 * seconds
+        else:
+            self.read_cost = seconds

@@ -755,11 +755,31 @@ def take_census(
     return census
 
 
+def _container_owner(container: Any, exclude: set[int]) -> str:
+    """`` captured by closure f()`` or `` in attribute C.x`` for a list or dict, else ``""``."""
+    for holder in gc.get_referrers(container):
+        if id(holder) in exclude or isinstance(holder, types.FrameType):
+            continue
+        if isinstance(holder, types.CellType):
+            fn = _closure_owner(holder)
+            if fn is not None:
+                return f" captured by closure {fn.__qualname__}()"
+        elif hasattr(holder, "__dict__") and not isinstance(holder, type):
+            try:
+                for key, value in vars(holder).items():
+                    if value is container:
+                        return f" in attribute {type(holder).__name__}.{key}"
+            except TypeError:
+                continue
+    return ""
+
+
 def _name_by_referrers(infos: dict[int, TensorInfo], unnamed: list[Any], exclude: set[int]) -> None:
     """Name ``unnamed`` tensors by the container that holds them (one gc scan for all)."""
     if not unnamed:
         return
-    exclude = exclude | {id(infos), id(sys._getframe())}
+    owners: dict[int, str] = {}
+    exclude = exclude | {id(infos), id(sys._getframe()), id(owners)}
     for ref in gc.get_referrers(*unnamed):
         if id(ref) in exclude or isinstance(ref, types.FrameType):
             continue
@@ -769,5 +789,10 @@ def _name_by_referrers(infos: dict[int, TensorInfo], unnamed: list[Any], exclude
                 continue
             where = _describe_referrer(ref, held)
             if where:
+                if isinstance(ref, (list, dict)):
+                    owner = owners.get(id(ref))
+                    if owner is None:  # one heap scan per container, not per tensor
+                        owner = owners[id(ref)] = _container_owner(ref, exclude)
+                    where += owner
                 info.name = f"{where}: {info.name}"
                 info.named = True

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from torchmem import __version__
 from torchmem.events import (
+    Alert,
     CensusTaken,
     CommandResult,
     LogRecord,
@@ -39,9 +40,11 @@ from torchmem.sampler import MAX_HZ, MIN_HZ
 from torchmem.session import Session
 from torchmem.source import InProcessSource
 
+from .alert_panel import AlertPanel
 from .banner import Banner
 from .breakdown_plot import BreakdownPlot
 from .bridge import SessionBridge
+from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
 from .readings import ReadingsTable
 from .tensor_panel import TensorPanel
@@ -129,6 +132,15 @@ class MainWindow(QMainWindow):
         self.tensors_dock.setWidget(self.tensors)
         self.addDockWidget(Qt.BottomDockWidgetArea, self.tensors_dock)
         self.tabifyDockWidget(self.log_dock, self.tensors_dock)
+
+        self.alerts = AlertPanel(self.session)
+        self.alerts.show_tensors.connect(self.show_culprits)
+        self.alerts.mute_requested.connect(self.mute_alert)
+        self.alerts_dock = QDockWidget("Alerts", self)
+        self.alerts_dock.setObjectName("alerts_dock")
+        self.alerts_dock.setWidget(self.alerts)
+        self.addDockWidget(Qt.BottomDockWidgetArea, self.alerts_dock)
+        self.tabifyDockWidget(self.tensors_dock, self.alerts_dock)
         self.log_dock.raise_()
 
         self.breakdown = BreakdownPlot(self.session)
@@ -201,6 +213,12 @@ class MainWindow(QMainWindow):
             lambda: self.run_command("census"),
             "Ctrl+Shift+C",
             "List every live tensor by storage, with names",
+        )
+        self.act_leak_settings = a(
+            "&Leak detection settings…",
+            self.edit_leak_settings,
+            None,
+            "Thresholds and warm-up of leak and capacity alerts",
         )
         self.act_steps = a(
             "X axis in &steps",
@@ -278,6 +296,7 @@ class MainWindow(QMainWindow):
             m.addAction(act)
         m.addSeparator()
         m.addAction(self.act_census)
+        m.addAction(self.act_leak_settings)
         m = mb.addMenu("&View")
         for act in (self.act_steps, self.act_follow, self.act_pause):
             m.addAction(act)
@@ -286,6 +305,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.readings_dock.toggleViewAction())
         m.addAction(self.tensors_dock.toggleViewAction())
         m.addAction(self.breakdown_dock.toggleViewAction())
+        m.addAction(self.alerts_dock.toggleViewAction())
         theme_menu = m.addMenu("&Theme")
         self.theme_group = QActionGroup(self)
         for theme in THEMES:
@@ -343,6 +363,7 @@ class MainWindow(QMainWindow):
         idx = self.window_combo.findText(str(window))
         self.window_combo.setCurrentIndex(idx if idx >= 0 else 1)
         self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
+        self.source.leaks.settings = load_leak_settings(s)
         auto = s.value("census/auto", True)
         self.tensors.auto_check.setChecked(auto not in (False, "false"))
         theme = s.value("view/theme", "system")
@@ -462,6 +483,8 @@ class MainWindow(QMainWindow):
         self.readings.clear_rows()
         self.tensors.clear()
         self.breakdown.refresh(force=True)
+        self.alerts.refresh()
+        self._update_alert_badge()
         if self._runs > 1:
             self.log.append_records([LogRecord(0, Stream.TORCHMEM, "─" * 60)])
         self.last_result = None
@@ -536,6 +559,8 @@ class MainWindow(QMainWindow):
                 self.run_label.setText("● Running")
             elif isinstance(event, RunFinished):
                 self._show_finished(event)
+            elif isinstance(event, Alert):
+                self._on_alert(event)
             elif isinstance(event, CensusTaken):
                 self.tensors.refresh()
                 self.breakdown.refresh()
@@ -586,6 +611,44 @@ class MainWindow(QMainWindow):
         )
         if not running and self.script is None:
             self.run_label.setText("No script: Ctrl+O to open one")
+
+    # -- alerts ---------------------------------------------------------------------------
+    def _on_alert(self, alert: Alert) -> None:
+        self.alerts.refresh()
+        self._update_alert_badge()
+        if alert.state == "active" and alert.step == alert.raised_step:
+            text = f"⚠ {alert.kind.replace('_', ' ')}: {alert.message}"
+            self.statusBar().showMessage(text, 30000)
+            self.log.append_records(
+                [LogRecord(alert.t, Stream.TORCHMEM, f"{text}\n  fix: {alert.suggestion}")]
+            )
+
+    def _update_alert_badge(self) -> None:
+        count = self.alerts.active_count
+        self.alerts_dock.setWindowTitle(f"Alerts ({count})" if count else "Alerts")
+
+    @Slot(str)
+    def show_culprits(self, words: str) -> None:
+        """Open the Tensors panel filtered to an alert's culprits (census first if none)."""
+        self.tensors.filter_edit.setText(words)
+        self.tensors_dock.raise_()
+        if self.tensors.model.census is None:
+            self.run_command("census")
+
+    @Slot(str)
+    def mute_alert(self, key: str) -> None:
+        """Stop reporting one alert signature in this session."""
+        self.source.leaks.muted.add(key)
+        self.alerts.muted.add(key)
+        self.alerts.refresh()
+        self._update_alert_badge()
+        self.statusBar().showMessage(f"Muted {key}", 5000)
+
+    def edit_leak_settings(self) -> None:
+        """Edit the detector's thresholds; remembered in the settings."""
+        dialog = LeakSettingsDialog(self.source.leaks.settings, self.settings, self)
+        if dialog.exec():
+            self.source.leaks.settings = dialog.result_settings()
 
     @Slot(bool)
     def _set_auto_census(self, enabled: bool) -> None:

@@ -274,13 +274,14 @@ def test_view_settings_are_remembered(qtbot, make_window):
     first.act_steps.trigger()
     first.unit_combo.setCurrentText("GiB")
     first.rate_spin.setValue(25)
-    first.resize(700, 500)  # fits the offscreen 800x600 screen
+    first.resize(760, 590)  # fits the offscreen 800x600 screen
+    remembered = (first.width(), first.height())
     first.close()
     second = make_window()
     assert second.plot.x_mode == "steps" and second.act_steps.isChecked()
     assert second.unit_combo.currentText() == "GiB"
     assert second.source.sampler.hz == 25
-    assert (second.width(), second.height()) == (700, 500)
+    assert (second.width(), second.height()) == remembered
 
 
 def test_dark_theme_darkens_the_plots(window):

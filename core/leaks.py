@@ -1,0 +1,634 @@
+"""Leak and capacity alerts: memory that grows step after step, and who is growing.
+
+The detector is a core model fed by the Session's events. It measures at step boundaries
+(samples tagged with a step, taken at the same point of every iteration), ignores a
+warm-up, and decides growth with a robust trend test over a sliding window: the
+Theil-Sen slope (median of pairwise slopes, indifferent to spikes) and the Mann-Kendall
+test (is the rise monotonic beyond chance?). Growth must be significant, at least an
+absolute and a relative amount per step, and sustained over a minimum number of steps.
+
+To name the culprits it asks for censuses (spaced out) while growth is suspected, groups
+storages by signature (device, dtype, shape, grad_fn, name pattern such as ``losses[#]``)
+and reports the groups whose count grows with the step count. Each alert fires once per
+key, is updated in place while its condition lasts, and resolves when it ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .events import Alert, CensusTaken, Event, Marker, MarkerKind, RunStarted, Sample
+from .units import format_bytes
+
+MiB = 1 << 20
+EVALUATE_EVERY_S = 0.05
+# The trend is tested on the floor of the readings (a trailing minimum over this many
+# boundaries): a leak raises the floor, a transient (an evaluation pass, a big batch that
+# the allocator keeps for a few steps) does not.
+FLOOR_SPAN = 4
+
+SUGGEST_GRAPH = (
+    "Each kept tensor keeps its autograd graph, and every activation the graph saved, alive. "
+    "Keep a number instead: loss.item(), or a tensor without its graph: out.detach()."
+)
+SUGGEST_CONTAINER = (
+    "{holder} gains an entry every step and is never emptied: keep only what you need "
+    "(collections.deque(maxlen=N)), store .item() / .detach().cpu() values, or clear it."
+)
+SUGGEST_CLOSURE = (
+    "Tensors captured by a hook or a closure live as long as it does: remove the hook "
+    "(handle.remove()) or keep detached copies that you release."
+)
+SUGGEST_NOT_TENSORS = (
+    "Tensor bytes are not growing: the growth is outside tensors (Python objects, a "
+    "DataLoader's workers or prefetching, a C library). tracemalloc or memray can tell which."
+)
+SUGGEST_CACHE = (
+    "Allocated memory is flat while the allocator's reserve grows: this is the caching "
+    "allocator keeping freed blocks (fragmentation), not a leak. empty_cache() returns them; "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces fragmentation."
+)
+SUGGEST_CAPACITY = (
+    "Close to the device's capacity: an OOM is near. Reduce the batch size, use mixed "
+    "precision or activation checkpointing, or free what the Tensors panel shows."
+)
+SUGGEST_RETRIES = (
+    "The allocator had to free its cache and retry cudaMalloc: memory is nearly exhausted "
+    "and steps slow down. Reduce the batch size or set "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
+)
+
+
+@dataclass
+class LeakSettings:
+    """Thresholds of the detector; every one can be changed by the user."""
+
+    warmup_steps: int = 5
+    window: int = 40
+    min_steps: int = 20
+    abs_per_step: float = 1 * MiB
+    rel_per_step: float = 0.001
+    p_value: float = 0.01
+    resolve_after: int = 15
+    capacity_warning: float = 0.80
+    capacity_critical: float = 0.95
+    census_every: int = 4
+    max_culprit_censuses: int = 4
+
+
+_PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs i < j for n points, cached (the window has few distinct sizes)."""
+    pairs = _PAIRS.get(n)
+    if pairs is None:
+        pairs = _PAIRS[n] = np.triu_indices(n, k=1)
+    return pairs
+
+
+def _floor(y: np.ndarray, span: int) -> np.ndarray:
+    """Trailing minimum of ``y`` over ``span`` points (shorter at the start)."""
+    if span <= 1 or len(y) < 2:
+        return y
+    windows = np.lib.stride_tricks.sliding_window_view(
+        np.concatenate((np.full(span - 1, np.inf), y)), span
+    )
+    return windows.min(axis=1)
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
+    """Median of the slopes between every pair of points (robust to outliers)."""
+    i, j = _pairs(len(x))
+    dx = x[j] - x[i]
+    keep = dx != 0
+    if not keep.any():
+        return 0.0
+    return float(np.median((y[j] - y[i])[keep] / dx[keep]))
+
+
+def mann_kendall_p(y: np.ndarray) -> float:
+    """One-sided p-value that ``y`` rises monotonically (normal approximation, no tie
+    correction: memory readings rarely tie exactly, and ties only make it stricter)."""
+    n = len(y)
+    if n < 4:
+        return 1.0
+    i, j = _pairs(n)
+    s = float(np.sign(y[j] - y[i]).sum())
+    if s <= 1:
+        return 1.0
+    z = (s - 1) / math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+_INDEX = re.compile(r"\[(\d+|'[^']*'|\"[^\"]*\")\]")
+_NUMBERS = re.compile(r"\b(item|of a list of|of a tuple of|in a dict of|key) \d+")
+_LABEL = re.compile(r": \w+ \[[\d, ]*\]$")
+
+
+def name_pattern(name: str) -> str:
+    """A name with its indices folded: ``losses[12]`` -> ``losses[#]``.
+
+    Referrer descriptions fold too (``item 7 of a list of 40: float32 [3]`` ->
+    ``item # of a list of #``), so that one growing container is one group.
+    """
+    name = _INDEX.sub(lambda m: "[#]" if m.group(1).isdigit() else "['#']", name)
+    name = _NUMBERS.sub(lambda m: f"{m.group(1)} #", name)
+    return _LABEL.sub("", name)
+
+
+def _holder(pattern: str) -> str:
+    """Who holds tensors of this name pattern, in words."""
+    if pattern.startswith("saved by the graph of "):
+        return f"the autograd graph of {_holder(pattern.removeprefix('saved by the graph of '))}"
+    base = pattern
+    if base.startswith("captured by closure"):
+        return base.split(":")[0]
+    for marker, kind in (("[#]", "container"), ("['#']", "dict")):
+        if marker in base:
+            container = base.split(marker)[0]
+            return f"{kind} `{container}`" if container else f"a {kind}"
+    if base.startswith(("item ", "value of key")):
+        return base.split(":")[0].replace("item # of ", "").replace(" of #", "")
+    return f"`{base}`"
+
+
+@dataclass
+class _Group:
+    count: int
+    nbytes: int
+    example: str
+    dtype: str
+    shape: tuple[int, ...]
+    grad_fn: str
+    device: str
+
+
+def group_census(census: Any) -> dict[tuple, _Group]:
+    """Storages of a census grouped by signature (device, dtype, shape, grad_fn, pattern)."""
+    groups: dict[tuple, _Group] = {}
+    for storage in census.storages.values():
+        if not storage.tensors:
+            continue
+        best = min(storage.tensors, key=lambda t: (not t.named, t.is_view))
+        pattern = name_pattern(best.name)
+        sig = (storage.device, best.dtype, best.shape, best.grad_fn, pattern)
+        g = groups.get(sig)
+        if g is None:
+            groups[sig] = _Group(
+                1, storage.nbytes, best.name, best.dtype, best.shape, best.grad_fn, storage.device
+            )
+        else:
+            g.count += 1
+            g.nbytes += storage.nbytes
+    return groups
+
+
+def find_culprits(tables: list[tuple[int, dict[tuple, _Group]]]) -> list[dict[str, Any]]:
+    """Groups whose count grows with the steps across the censuses in ``tables``."""
+    if len(tables) < 2:
+        return []
+    (s0, first), (s1, last) = tables[0], tables[-1]
+    steps = s1 - s0
+    if steps <= 0:
+        return []
+    growing: dict[str, dict[str, Any]] = {}
+    for sig, g in last.items():
+        before = first.get(sig)
+        count0 = before.count if before else 0
+        bytes0 = before.nbytes if before else 0
+        counts = [t.get(sig).count if t.get(sig) else 0 for _, t in tables]
+        if g.count <= count0 or any(b < a for a, b in itertools.pairwise(counts)):
+            continue
+        pattern = sig[4]
+        if pattern in growing:  # same name pattern, other shapes (a graph's activations)
+            entry = growing[pattern]
+            entry["bytes_per_step"] += (g.nbytes - bytes0) / steps
+            entry["count_per_step"] = max(entry["count_per_step"], (g.count - count0) / steps)
+            continue
+        growing[pattern] = {
+            "name": pattern,
+            "example": g.example,
+            "device": g.device,
+            "dtype": g.dtype,
+            "shape": list(g.shape),
+            "grad_fn": g.grad_fn,
+            "count": g.count,
+            "count_per_step": (g.count - count0) / steps,
+            "bytes_per_step": (g.nbytes - bytes0) / steps,
+            "bytes_each": g.nbytes / g.count,
+            "holder": _holder(pattern),
+            "graph_bytes_per_step": 0.0,
+        }
+    # A kept tensor and the activations saved by its graph are one culprit.
+    for pattern in list(growing):
+        if pattern.startswith("saved by the graph of "):
+            root = pattern.removeprefix("saved by the graph of ")
+            saved = growing.pop(pattern)
+            if root in growing:
+                growing[root]["graph_bytes_per_step"] += saved["bytes_per_step"]
+            else:
+                growing[pattern] = saved
+    culprits = sorted(
+        growing.values(), key=lambda c: -(c["bytes_per_step"] + c["graph_bytes_per_step"])
+    )
+    return [c for c in culprits if c["bytes_per_step"] + c["graph_bytes_per_step"] > 0][:5]
+
+
+def describe_culprit(c: dict[str, Any]) -> str:
+    """``+1 float32 [] tensor with grad_fn=AddBackward0 per step (...), held by list x``."""
+    per = c["count_per_step"]
+    count = f"{per:.0f}" if abs(per - round(per)) < 0.05 else f"{per:.2f}"
+    grad = f" with grad_fn={c['grad_fn']}" if c["grad_fn"] else ""
+    text = f"+{count} {c['dtype']} {c['shape']} tensor{grad} per step ("
+    text += f"{format_bytes(c['bytes_each'])} each"
+    if c["graph_bytes_per_step"]:
+        total = c["bytes_per_step"] + c["graph_bytes_per_step"]
+        text += f", but each keeps its graph: {format_bytes(total, signed=True)}/step"
+    text += f"), held by {c['holder']}"
+    return text
+
+
+def _suggestion(culprits: list[dict[str, Any]]) -> str:
+    if not culprits:
+        return ""
+    top = culprits[0]
+    if top["graph_bytes_per_step"] or top["grad_fn"] or top["name"].startswith("saved by"):
+        return SUGGEST_GRAPH
+    if "captured by closure" in top["holder"]:
+        return SUGGEST_CLOSURE
+    return SUGGEST_CONTAINER.format(holder=top["holder"].capitalize())
+
+
+class _Trend:
+    """Boundary readings of one series and the state of its alert."""
+
+    def __init__(self, window: int) -> None:
+        self.steps: deque[float] = deque(maxlen=window)
+        self.values: deque[float] = deque(maxlen=window)
+        self.times: deque[float] = deque(maxlen=window)
+        self.alert: Alert | None = None
+        self.quiet = 0
+        self.updates = 0
+        self.evaluated_at = -1e9
+
+
+class LeakDetector:
+    """Watches a Session and submits :class:`Alert` events to it."""
+
+    def __init__(
+        self,
+        submit: Callable[[Event], None],
+        capacity: dict[str, int] | None = None,
+        settings: LeakSettings | None = None,
+    ) -> None:
+        self.submit = submit
+        self.capacity = capacity or {}
+        self.settings = settings or LeakSettings()
+        self.muted: set[str] = set()
+        self._reset()
+        theil_sen(np.arange(3.0), np.arange(3.0))  # numpy loads median's helpers lazily
+
+    def _reset(self) -> None:
+        self._trends: dict[str, _Trend] = {}
+        self._tables: deque[tuple[int, dict[tuple, _Group]]] = deque(maxlen=6)
+        self._tensor_bytes: deque[tuple[int, int]] = deque(maxlen=6)
+        self._culprits: list[dict[str, Any]] = []
+        self._suspected = False
+        self._culprit_censuses = 0
+        self._last_census_step = -(10**9)
+        self._epoch_starts: dict[str, list[float]] = {}
+        self._latest: dict[str, float] = {}
+        self._active: dict[str, Alert] = {}
+        self._last_step = 0
+
+    # -- the source asks -------------------------------------------------------------------
+    def census_due(self, step: int) -> bool:
+        """True when growth is suspected and a culprit census is due at ``step``."""
+        s = self.settings
+        return (
+            self._suspected
+            and self._culprit_censuses < s.max_culprit_censuses
+            and step - self._last_census_step >= s.census_every
+        )
+
+    # -- events ------------------------------------------------------------------------
+    def on_event(self, event: Event) -> None:
+        """Feed one Session event (call from a Session listener)."""
+        if isinstance(event, Sample):
+            self._latest.update(event.values)
+            self._check_capacity(event)
+            if event.step is not None:
+                self._on_boundary(event)
+        elif isinstance(event, CensusTaken):
+            self._on_census(event)
+        elif isinstance(event, Marker) and event.kind is MarkerKind.EPOCH:
+            self._on_epoch(event)
+        elif isinstance(event, RunStarted):
+            self._reset()
+
+    def _tracked(self, key: str) -> bool:
+        metric = key.rpartition("/")[2]
+        return metric in ("allocated", "rss", "reserved")
+
+    def _on_boundary(self, sample: Sample) -> None:
+        s = self.settings
+        step = sample.step or 0
+        self._last_step = step
+        if step < s.warmup_steps:
+            return
+        for key, value in sample.values.items():
+            if not self._tracked(key):
+                continue
+            trend = self._trends.get(key)
+            if trend is None:
+                trend = self._trends[key] = _Trend(s.window)
+            trend.steps.append(float(step))
+            trend.values.append(value)
+            trend.times.append(sample.t)
+            # Recording is cheap; the trend test (~0.1 ms) runs at most 20 times a second.
+            if sample.t - trend.evaluated_at >= EVALUATE_EVERY_S:
+                trend.evaluated_at = sample.t
+                self._evaluate(key, trend, sample)
+
+    def _evaluate(self, key: str, trend: _Trend, sample: Sample) -> None:
+        s = self.settings
+        x = np.fromiter(trend.steps, float)
+        y = _floor(np.fromiter(trend.values, float), FLOOR_SPAN)
+        if len(x) < 6 or x[-1] - x[0] < s.min_steps:
+            return
+        slope = theil_sen(x, y)
+        p = mann_kendall_p(y)
+        threshold = max(s.abs_per_step, s.rel_per_step * float(np.median(y)))
+        growing = p < s.p_value and slope >= threshold
+        if growing:
+            # Sustained: the newer half must still rise. A cache that filled and plateaued,
+            # or a high-water mark that jumped once, rises only in the older half.
+            half = len(x) // 2
+            growing = theil_sen(x[half:], y[half:]) >= threshold and mann_kendall_p(y[half:]) < 0.05
+        if p < 0.1 and slope >= threshold / 2:
+            self._suspected = True
+        metric = key.rpartition("/")[2]
+        if metric == "reserved":
+            self._evaluate_cache(key, trend, growing, slope, sample)
+            return
+        if growing:
+            trend.quiet = 0
+            self._raise_leak(key, trend, slope, sample)
+        elif trend.alert is not None:
+            trend.quiet += 1
+            if trend.quiet >= s.resolve_after:
+                self._resolve(trend, sample)
+
+    def _per_minute(self, trend: _Trend, slope: float) -> float:
+        dt = trend.times[-1] - trend.times[0]
+        ds = trend.steps[-1] - trend.steps[0]
+        return slope * ds / dt * 60 if dt > 0 else 0.0
+
+    def _raise_leak(self, key: str, trend: _Trend, slope: float, sample: Sample) -> None:
+        device, _, metric = key.rpartition("/")
+        culprits = self._culprits
+        tensors_flat = self._tensors_flat()
+        label = "process RSS" if metric == "rss" else f"{device} allocated"
+        message = f"{label} grows {format_bytes(slope, signed=True)}/step"
+        suggestion = _suggestion(culprits)
+        if culprits:
+            message += ": " + "; ".join(describe_culprit(c) for c in culprits[:3])
+        elif metric == "rss" and tensors_flat:
+            suggestion = SUGGEST_NOT_TENSORS
+            message += "; tensor bytes are flat (not tensors)"
+        elif not culprits:
+            message += "; looking for the tensors behind it…"
+        previous = trend.alert
+        if previous is not None:
+            trend.updates += 1
+            changed = (
+                abs(previous.per_step - slope) > 0.2 * max(previous.per_step, 1)
+                or len(previous.culprits) != len(culprits)
+                or previous.message != message
+            )
+            if not changed and trend.updates % 20:
+                return
+        alert = Alert(
+            t=sample.t,
+            key=f"leak:{key}",
+            kind="leak",
+            severity="critical" if self._near_capacity(device, slope) else "warning",
+            state="active",
+            series=key,
+            first_step=previous.first_step if previous else int(trend.steps[0]),
+            step=int(trend.steps[-1]),
+            message=message,
+            suggestion=suggestion,
+            per_step=slope,
+            per_minute=self._per_minute(trend, slope),
+            culprits=tuple(culprits),
+            raised_step=previous.raised_step if previous else int(trend.steps[-1]),
+        )
+        self._emit(trend, alert)
+
+    def _near_capacity(self, device: str, slope: float) -> bool:
+        total = self.capacity.get(device)
+        used = self._latest.get(f"{device}/allocated") or self._latest.get(f"{device}/rss")
+        if not total or used is None or slope <= 0:
+            return False
+        return (total - used) / slope < 1000  # out of memory within 1,000 steps
+
+    def _tensors_flat(self) -> bool:
+        if len(self._tensor_bytes) < 2:
+            return False
+        (s0, b0), (s1, b1) = self._tensor_bytes[0], self._tensor_bytes[-1]
+        return s1 > s0 and (b1 - b0) / (s1 - s0) < self.settings.abs_per_step / 4
+
+    def _evaluate_cache(
+        self, key: str, trend: _Trend, growing: bool, slope: float, sample: Sample
+    ) -> None:
+        device = key.rpartition("/")[0]
+        allocated = self._trends.get(f"{device}/allocated")
+        flat = (
+            allocated is not None
+            and len(allocated.values) >= 6
+            and theil_sen(np.fromiter(allocated.steps, float), np.fromiter(allocated.values, float))
+            < self.settings.abs_per_step / 4
+        )
+        if growing and flat:
+            trend.quiet = 0
+            if trend.alert is None:
+                alert = Alert(
+                    sample.t,
+                    f"cache_growth:{device}",
+                    "cache_growth",
+                    "warning",
+                    "active",
+                    key,
+                    int(trend.steps[0]),
+                    int(trend.steps[-1]),
+                    f"{device} reserved grows {format_bytes(slope, signed=True)}/step while "
+                    "allocated is flat: allocator cache, not a leak",
+                    SUGGEST_CACHE,
+                    slope,
+                    self._per_minute(trend, slope),
+                    raised_step=int(trend.steps[-1]),
+                )
+                self._emit(trend, alert)
+        elif trend.alert is not None:
+            trend.quiet += 1
+            if trend.quiet >= self.settings.resolve_after:
+                self._resolve(trend, sample)
+
+    def _resolve(self, trend: _Trend, sample: Sample) -> None:
+        alert = trend.alert
+        if alert is None:
+            return
+        resolved = replace(
+            alert,
+            t=sample.t,
+            state="resolved",
+            step=sample.step or alert.step,
+            message=alert.message + " (stopped growing)",
+        )
+        trend.alert = None
+        self._active.pop(alert.key, None)
+        self._submit(resolved)
+
+    def _emit(self, trend: _Trend, alert: Alert) -> None:
+        trend.alert = alert
+        self._active[alert.key] = alert
+        self._submit(alert)
+
+    def _submit(self, alert: Alert) -> None:
+        if alert.key not in self.muted:
+            self.submit(alert)
+
+    # -- censuses ------------------------------------------------------------------------
+    def _on_census(self, event: CensusTaken) -> None:
+        self._tables.append((event.step, group_census(event.census)))
+        self._culprits = find_culprits(list(self._tables))
+        self._tensor_bytes.append((event.step, event.census.total_bytes()))
+        self._last_census_step = event.step
+        if self._suspected:
+            self._culprit_censuses += 1
+        # Re-word active leak alerts now that culprits may be known.
+        for key, trend in self._trends.items():
+            if trend.alert is not None and trend.alert.kind == "leak" and len(self._tables) >= 2:
+                last = Sample(event.t, {}, event.step)
+                self._raise_leak(key, trend, trend.alert.per_step, last)
+
+    # -- epochs and capacity -----------------------------------------------------------------
+    def _on_epoch(self, event: Marker) -> None:
+        s = self.settings
+        for key, value in self._latest.items():
+            if not key.endswith(("/allocated", "/rss")):
+                continue
+            starts = self._epoch_starts.setdefault(key, [])
+            starts.append(value)
+            if len(starts) < 4:
+                continue
+            last = starts[-4:]
+            rises = [b - a for a, b in itertools.pairwise(last)]
+            floor = max(s.abs_per_step, 0.01 * last[0])
+            alert_key = f"epoch_growth:{key}"
+            if all(r >= floor for r in rises):
+                per_epoch = sum(rises) / len(rises)
+                alert = Alert(
+                    event.t,
+                    alert_key,
+                    "epoch_growth",
+                    "warning",
+                    "active",
+                    key,
+                    event.step,
+                    event.step,
+                    f"{key} at the start of each epoch rose for 3 epochs in a row "
+                    f"({format_bytes(per_epoch, signed=True)}/epoch)",
+                    "Something carries over from one epoch to the next: a growing list, "
+                    "a cache, or tensors kept with their graph (see the Tensors panel).",
+                    raised_step=event.step,
+                )
+                if alert_key not in self._active:
+                    self._active[alert_key] = alert
+                    self._submit(alert)
+            elif alert_key in self._active:
+                old = self._active.pop(alert_key)
+                self._submit(replace(old, t=event.t, state="resolved", step=event.step))
+
+    def _check_capacity(self, sample: Sample) -> None:
+        s = self.settings
+        for key, value in sample.values.items():
+            device, _, metric = key.rpartition("/")
+            share = None
+            if metric == "reserved" and device in self.capacity:
+                share = value / self.capacity[device]
+                total = format_bytes(self.capacity[device])
+                what = f"{device} reserved {format_bytes(value)} of {total}"
+            elif metric == "available" and "cpu" in self.capacity:
+                share = 1 - value / self.capacity["cpu"]
+                what = f"system RAM {100 * share:.0f}% in use ({format_bytes(value)} available)"
+            elif metric == "alloc_retries" and value > self._latest.get(f"{key}#seen", 0):
+                self._latest[f"{key}#seen"] = value
+                if value > 0:
+                    self._capacity_alert(
+                        f"alloc_retries:{device}",
+                        "alloc_retries",
+                        "critical",
+                        key,
+                        sample,
+                        f"{device}: {value:.0f} allocation retries "
+                        "(cudaMalloc failed, cache flushed)",
+                        SUGGEST_RETRIES,
+                    )
+                continue
+            if share is None:
+                continue
+            alert_key = f"capacity:{device if metric != 'available' else 'cpu'}"
+            if share >= s.capacity_warning:
+                severity = "critical" if share >= s.capacity_critical else "warning"
+                self._capacity_alert(
+                    alert_key,
+                    "capacity",
+                    severity,
+                    key,
+                    sample,
+                    f"{what} ({100 * share:.0f}%)",
+                    SUGGEST_CAPACITY,
+                )
+            elif alert_key in self._active and share < s.capacity_warning - 0.05:
+                old = self._active.pop(alert_key)
+                self._submit(replace(old, t=sample.t, state="resolved"))
+
+    def _capacity_alert(
+        self,
+        key: str,
+        kind: str,
+        severity: str,
+        series: str,
+        sample: Sample,
+        message: str,
+        suggestion: str,
+    ) -> None:
+        old = self._active.get(key)
+        if old is not None and old.severity == severity:
+            return
+        alert = Alert(
+            sample.t,
+            key,
+            kind,
+            severity,
+            "active",
+            series,
+            old.first_step if old else self._last_step,
+            self._last_step,
+            message,
+            suggestion,
+            raised_step=old.raised_step if old else self._last_step,
+        )
+        self._active[key] = alert
+        self._submit(alert)
