@@ -10,6 +10,8 @@ at every step. A fixed ``every`` overrides it; ``enabled=False`` turns it off.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 
 class CensusSchedule:
@@ -30,6 +32,7 @@ class CensusSchedule:
         self.cost: float | None = None
         self.last_step: int | None = None
         self._last_t: float | None = None
+        self._intervals: deque[float] = deque(maxlen=31)
 
     @property
     def interval(self) -> int | None:
@@ -51,9 +54,10 @@ class CensusSchedule:
     def on_step(self, t: float, step: int) -> bool:
         """Record a step boundary at time ``t``; True when a census is due now."""
         if self._last_t is not None and t > self._last_t:
-            dt = t - self._last_t
-            # Exponential average: steady, but follows a change of pace within ~10 steps.
-            self.step_time = dt if self.step_time is None else 0.9 * self.step_time + 0.1 * dt
+            # The median of recent steps: an evaluation pass or a checkpoint between two
+            # steps must not make censuses look cheap.
+            self._intervals.append(t - self._last_t)
+            self.step_time = statistics.median(self._intervals)
         self._last_t = t
         if not self.enabled or step < self.warmup:
             return False
@@ -71,3 +75,4 @@ class CensusSchedule:
         """Forget the measurements (a new run)."""
         self.step_time = self.cost = self._last_t = None
         self.last_step = None
+        self._intervals.clear()

@@ -374,7 +374,9 @@ class LeakDetector:
             # or a high-water mark that jumped once, rises only in the older half.
             half = len(x) // 2
             growing = theil_sen(x[half:], y[half:]) >= threshold and mann_kendall_p(y[half:]) < 0.05
-        if p < 0.1 and slope >= threshold / 2:
+        if p < 0.05 and slope >= threshold:
+            # Suspected: take (a few, spaced) censuses now, to name the culprits by the
+            # time the growth is confirmed.
             self._suspected = True
         metric = key.rpartition("/")[2]
         if metric == "reserved":

@@ -170,6 +170,11 @@ class Session:
         with self._lock:
             return list(self.census_history)
 
+    def raised_alerts(self) -> list[Alert]:
+        """Every alert event that raised or updated an alert, oldest first."""
+        with self._lock:
+            return [a for a in self.alert_log if a.state == "active"]
+
     def alert_list(self) -> list[Alert]:
         """Latest state of every alert raised so far, newest first."""
         with self._lock:

@@ -70,7 +70,7 @@ class InProcessSource:
         capture_output: bool = True,
     ) -> RunFinished:
         """Run ``script`` in the calling thread, sampling while it runs; blocks until it ends."""
-        runner = ScriptRunner(script, list(args), self._emit, self.session.now, cwd, capture_output)
+        runner = ScriptRunner(script, list(args), self.emit, self.session.now, cwd, capture_output)
         self._runner = runner
         self.census_schedule.reset()
         self._boundary = _BoundaryClock()
@@ -83,7 +83,7 @@ class InProcessSource:
             self.sampler.sample()  # pending boundaries, then the state after the script
             self._runner = None
 
-    def _emit(self, event: Event) -> None:
+    def emit(self, event: Event) -> None:
         """The runner's events go to the Session; step boundaries may take a census."""
         self.session.submit(event)
         if isinstance(event, Marker) and event.kind is MarkerKind.STEP:
@@ -93,12 +93,12 @@ class InProcessSource:
                 self._boundary.cost(time.thread_time() - started)
             if self._census_wanted.is_set():
                 self._census_wanted.clear()
-                self._census_reply = self.census("user")
+                self._census_reply = self.census("user", event.step)
                 self._census_done.set()
             elif self.leaks.census_due(event.step):
-                self.census("leak")
+                self.census("leak", event.step)
             elif self.census_schedule.on_step(event.t, event.step):
-                self.census("step")
+                self.census("step", event.step)
 
     def request_census(self, wait_s: float = 2.0) -> CensusTaken:
         """A census for a user: at the script's next step boundary if it steps soon.
@@ -117,7 +117,7 @@ class InProcessSource:
                 return self._census_reply
         return self.census("user")
 
-    def census(self, trigger: str = "user") -> CensusTaken:
+    def census(self, trigger: str = "user", step: int | None = None) -> CensusTaken:
         """Take a census of this process's tensors now and submit it to the Session.
 
         Variables of the running script name its tensors: from its own frames when called
@@ -129,7 +129,7 @@ class InProcessSource:
             if runner is not None and runner.thread_ident is not None
             else []
         )
-        step = self.steps
+        step = self.steps if step is None else step
         result = take_census(namespaces, step=step)
         namespaces.clear()
         if trigger == "step":

@@ -70,6 +70,7 @@ class AlertPanel(QWidget):
         layout.addWidget(self.details, 1)
         layout.addLayout(buttons)
         self._alerts: list[Alert] = []
+        self.muted: set[str] = set()
         self._update_buttons()
 
     @property
@@ -82,7 +83,7 @@ class AlertPanel(QWidget):
         """Show the Session's alerts, newest first."""
         current = self.tree.currentItem()
         key = current.data(0, Qt.UserRole) if current else None
-        self._alerts = self.session.alert_list()
+        self._alerts = [a for a in self.session.alert_list() if a.key not in self.muted]
         self.tree.clear()
         for alert in self._alerts:
             growth = f"{format_bytes(alert.per_step, signed=True)}/step" if alert.per_step else ""

@@ -66,6 +66,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self._curves: dict[str, pg.PlotDataItem] = {}
         self._xy: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._marker_lines: list[tuple[object, list[pg.InfiniteLine]]] = []
+        self._alert_lines: dict[str, tuple[object, list[pg.InfiniteLine]]] = {}
         self._setting_range = False
 
         # The legend gets its own row so that it never hides a trace; click an entry to
@@ -205,6 +206,10 @@ class TracePlot(pg.GraphicsLayoutWidget):
             for line in lines:
                 line.getViewBox() and line.getViewBox().removeItem(line)
         self._marker_lines.clear()
+        for _, lines in self._alert_lines.values():
+            for line in lines:
+                line.getViewBox() and line.getViewBox().removeItem(line)
+        self._alert_lines.clear()
         self.step_ticks.setData([], [])
         self.samples_drawn = 0
         self.plots["accelerator"].setVisible(False)
@@ -256,6 +261,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.samples_drawn = self.session.samples
         self._draw_steps()
         self._draw_markers()
+        self._draw_alerts()
         if self.follow:
             self._follow(data)
 
@@ -310,6 +316,30 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 lines.append(line)
             self._marker_lines.append((marker, lines))
             self._place_marker(marker)
+
+    def _draw_alerts(self) -> None:
+        """A red line where each alert was first raised (once per alert key)."""
+        for alert in self.session.raised_alerts():
+            if alert.key in self._alert_lines:
+                continue
+            color = "#d62728" if alert.severity == "critical" else "#ff7f0e"
+            lines = []
+            for i, plot in enumerate((*self.plots.values(), self.steps_plot)):
+                line = pg.InfiniteLine(
+                    angle=90,
+                    movable=False,
+                    pen=pg.mkPen(color, width=2, style=Qt.DotLine),
+                    label=f"⚠ {alert.kind.replace('_', ' ')}" if i == 1 else None,
+                    labelOpts={"position": 0.8, "color": color, "movable": False},
+                )
+                line.setToolTip(f"{alert.message}\n\nFix: {alert.suggestion}")
+                plot.addItem(line, ignoreBounds=True)
+                lines.append(line)
+            self._alert_lines[alert.key] = (alert, lines)
+        for alert, lines in self._alert_lines.values():
+            pos = alert.t if self.x_mode == "time" else float(alert.raised_step)
+            for line in lines:
+                line.setValue(pos)
 
     def _follow(self, data: dict) -> None:
         t_max = max((float(t[-1]) for t, _ in data.values() if len(t)), default=0.0)

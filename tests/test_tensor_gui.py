@@ -174,3 +174,34 @@ def test_double_click_opens_details_with_the_holder(qtbot, window):
     assert "value of key 'weights' in a dict" in text
     dialogs[0].close()
     del held
+
+
+def test_a_leak_raises_an_alert_marked_on_the_traces_and_leads_to_its_culprits(qtbot, window):
+    corpus = __import__("pathlib").Path(__file__).parent / "leak_corpus"
+    window.load_script(str(corpus / "leak_features_list.py"), [], run=True)
+    qtbot.waitUntil(lambda: window.alerts.active_count >= 1, timeout=RUN_TIMEOUT_MS)
+    assert window.alerts_dock.windowTitle() == "Alerts (1)"
+    assert "⚠ leak" in window.statusBar().currentMessage() or "leak" in window.log.toPlainText()
+    assert "leak:cpu/rss" in window.plot._alert_lines
+    qtbot.waitUntil(lambda: "features" in window.alerts.selected().message, timeout=RUN_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: not window.running, timeout=RUN_TIMEOUT_MS)
+    alert = window.alerts.selected()
+    assert "detach()" in alert.suggestion
+    assert window.alerts.jump_button.isEnabled()
+    window.alerts.jump_button.click()
+    assert window.tensors.filter_edit.text() == "features"
+    window.alerts.mute_button.click()
+    assert window.alerts.active_count == 0
+    assert window.alerts_dock.windowTitle() == "Alerts"
+
+
+def test_leak_settings_are_applied_and_remembered(qtbot, window):
+    from torchmem.gui.leak_settings import LeakSettingsDialog, load_leak_settings
+
+    dialog = LeakSettingsDialog(window.source.leaks.settings, window.settings, window)
+    dialog.mib.setValue(4.0)
+    dialog.warmup.setValue(12)
+    window.source.leaks.settings = dialog.result_settings()
+    assert window.source.leaks.settings.abs_per_step == 4 << 20
+    again = load_leak_settings(window.settings)
+    assert again.warmup_steps == 12 and again.abs_per_step == 4 << 20
