@@ -1,0 +1,124 @@
+"""The leak detector on synthetic readings: trend test, alerts lifecycle, capacity, epochs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from torchmem.events import Alert, CensusTaken, Marker, MarkerKind, RunStarted, Sample
+from torchmem.leaks import (
+    LeakDetector,
+    LeakSettings,
+    mann_kendall_p,
+    name_pattern,
+    theil_sen,
+)
+
+MiB = 1 << 20
+
+
+def feed(detector, values_by_step, t0=0.0, dt=0.1, key="cpu/rss"):
+    for i, (step, value) in enumerate(values_by_step):
+        detector.on_event(Sample(t0 + i * dt, {key: float(value)}, step))
+
+
+def make():
+    alerts: list[Alert] = []
+    detector = LeakDetector(alerts.append, {"cuda:0": 80 << 30, "cpu": 64 << 30})
+    return detector, alerts
+
+
+def test_trend_statistics():
+    x = np.arange(30.0)
+    y = 5 * x + np.where(x == 10, 1000.0, 0.0)  # a spike does not move Theil-Sen
+    assert theil_sen(x, y) == 5.0
+    assert mann_kendall_p(y) < 1e-6
+    flat = np.tile([1.0, 2.0], 15)
+    assert mann_kendall_p(flat) > 0.1
+
+
+def test_a_steady_leak_is_raised_once_updated_in_place_then_resolved():
+    detector, alerts = make()
+    detector.on_event(RunStarted(0.0, "x.py", ()))
+    feed(detector, [(s, 500 * MiB + 3 * MiB * s) for s in range(60)])
+    raised = [a for a in alerts if a.state == "active"]
+    assert raised and len({a.key for a in raised}) == 1
+    first = raised[0]
+    assert first.kind == "leak" and first.series == "cpu/rss"
+    assert 20 <= first.raised_step <= 30
+    assert abs(first.per_step - 3 * MiB) < 0.1 * MiB
+    assert first.per_minute > 0
+    assert len(alerts) < 10, "updates are rate-limited, not one per reading"
+    feed(detector, [(s, 500 * MiB + 180 * MiB) for s in range(60, 120)], t0=10.0)
+    assert alerts[-1].state == "resolved" and alerts[-1].key == first.key
+
+
+def test_noise_and_a_plateau_raise_nothing():
+    detector, alerts = make()
+    rng = np.random.default_rng(1)
+    feed(detector, [(s, 800 * MiB + rng.normal(0, 5 * MiB)) for s in range(80)])
+    steps = list(range(80))
+    feed(
+        detector,
+        [(s, 800 * MiB + min(s, 12) * 4 * MiB) for s in steps],
+        t0=20.0,
+        key="cuda:0/allocated",
+    )
+    assert alerts == []
+
+
+def test_reserved_growing_while_allocated_is_flat_is_the_cache_not_a_leak():
+    detector, alerts = make()
+    for s in range(60):
+        detector.on_event(
+            Sample(s * 0.1, {"cuda:0/allocated": 1e9, "cuda:0/reserved": 2e9 + 4 * MiB * s}, s)
+        )
+    kinds = {a.kind for a in alerts}
+    assert kinds == {"cache_growth"}
+    assert "expandable_segments" in alerts[0].suggestion
+
+
+def test_capacity_warning_then_critical_then_resolved():
+    detector, alerts = make()
+    for value, t in ((70, 1), (85, 2), (86, 3), (96, 4), (60, 5)):
+        detector.on_event(Sample(t, {"cuda:0/reserved": value / 100 * (80 << 30)}))
+    states = [(a.severity, a.state) for a in alerts]
+    assert states == [("warning", "active"), ("critical", "active"), ("critical", "resolved")]
+    detector.on_event(Sample(6, {"cuda:0/alloc_retries": 3.0}))
+    assert alerts[-1].kind == "alloc_retries" and alerts[-1].severity == "critical"
+
+
+def test_epoch_over_epoch_growth():
+    detector, alerts = make()
+    for epoch in range(5):
+        detector.on_event(Sample(epoch, {"cpu/rss": 1e9 + epoch * 50 * MiB}))
+        detector.on_event(Marker(epoch + 0.5, MarkerKind.EPOCH, f"epoch {epoch}", epoch * 100))
+    assert [a.kind for a in alerts] == ["epoch_growth"]
+
+
+def test_muted_alerts_are_not_reported():
+    detector, alerts = make()
+    detector.muted.add("leak:cpu/rss")
+    feed(detector, [(s, 3 * MiB * s) for s in range(60)])
+    assert alerts == []
+
+
+def test_culprits_come_from_censuses_taken_while_growth_is_suspected():
+    import torch
+
+    from torchmem.tensor_census import take_census
+
+    detector, alerts = make()
+    detector.settings = LeakSettings()
+    kept: list = []
+    feed(detector, [(s, 3 * MiB * s) for s in range(30)])
+    assert detector.census_due(30)
+    for step in (30, 34, 38):
+        kept.extend(torch.zeros(256 * 1024) for _ in range(4))
+        census = take_census([("", {"kept": kept})], step=step)
+        detector.on_event(CensusTaken(step * 0.1, step, census, "leak"))
+    feed(detector, [(s, 3 * MiB * s) for s in range(30, 46)], t0=5.0)
+    message = alerts[-1].message
+    assert "+1 float32 [262144] tensor per step" in message
+    assert "container `kept`" in message
+    assert "deque(maxlen=N)" in alerts[-1].suggestion
+    assert name_pattern("kept[17]") == "kept[#]"
