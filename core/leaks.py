@@ -240,7 +240,12 @@ def find_culprits(tables: list[tuple[int, dict[tuple, _Group]]]) -> list[dict[st
     culprits = sorted(
         growing.values(), key=lambda c: -(c["bytes_per_step"] + c["graph_bytes_per_step"])
     )
-    return [c for c in culprits if c["bytes_per_step"] + c["graph_bytes_per_step"] > 0][:5]
+    # A group that gained one tensor over many steps (an evaluation batch) is not a trend.
+    return [
+        c
+        for c in culprits
+        if c["bytes_per_step"] + c["graph_bytes_per_step"] > 0 and c["count_per_step"] >= 0.05
+    ][:5]
 
 
 def describe_culprit(c: dict[str, Any]) -> str:
