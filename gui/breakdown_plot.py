@@ -70,6 +70,7 @@ class BreakdownPlot(QWidget):
         layout.addLayout(top)
         layout.addWidget(self.empty)
         layout.addWidget(self.plot, 1)
+        self.plot.setVisible(False)  # until the first census
         self.apply_palette()
 
     def apply_palette(self) -> None:
@@ -84,6 +85,7 @@ class BreakdownPlot(QWidget):
             return
         self._count = len(history)
         self.empty.setVisible(not history)
+        self.plot.setVisible(bool(history))
         devices = sorted({d for _, _, by in history for d in by}, key=lambda d: (d != "cpu", d))
         current = self.device_combo.currentText()
         if devices != [self.device_combo.itemText(i) for i in range(self.device_combo.count())]:

@@ -54,6 +54,9 @@ from .workers import CommandWorker, ScriptWorker, start_in_thread, wait_thread
 
 WINDOWS = (("30 s", 30.0), ("2 min", 120.0), ("10 min", 600.0), ("1 h", 3600.0), ("All", None))
 UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
+# Bumped whenever docks are added or moved: a dock layout saved by an older version would
+# put new docks in odd places, so it is not restored.
+LAYOUT_VERSION = 2
 COMMAND_LABELS = {
     "gc_collect": "gc.collect()",
     "empty_cache": "empty_cache()",
@@ -347,7 +350,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geometry)
         else:
             self.resize(1360, 860)
-        state = s.value("window/state")
+        state = s.value(f"window/state-v{LAYOUT_VERSION}")
         if isinstance(state, QByteArray) and not state.isEmpty():
             self.restoreState(state)
         else:  # first start: most of the room for the traces
@@ -375,7 +378,7 @@ class MainWindow(QMainWindow):
         """Remember geometry, docks and view choices for the next start."""
         s = self.settings
         s.setValue("window/geometry", self.saveGeometry())
-        s.setValue("window/state", self.saveState())
+        s.setValue(f"window/state-v{LAYOUT_VERSION}", self.saveState())
         s.setValue("view/x_mode", self.plot.x_mode)
         s.setValue("view/unit", self.unit_combo.currentText())
         s.setValue("view/window", self.window_combo.currentText())
