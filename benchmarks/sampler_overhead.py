@@ -86,7 +86,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--blocks", type=int, default=8)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads (0: torch's default, one per core)",
+    )
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     step = make_loop()
     for _ in range(10):  # warm-up: allocator, kernels, Adam state
         step()
