@@ -10,8 +10,8 @@ at every step. A fixed ``every`` overrides it; ``enabled=False`` turns it off.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
+
+from .step_pace import StepPace
 
 
 class CensusSchedule:
@@ -23,16 +23,20 @@ class CensusSchedule:
         budget: float = 0.01,
         warmup: int = 2,
         enabled: bool = True,
+        pace: StepPace | None = None,
     ) -> None:
         self.every = every
         self.budget = budget
         self.warmup = warmup
         self.enabled = enabled
-        self.step_time: float | None = None
+        self.pace = pace or StepPace()
         self.cost: float | None = None
         self.last_step: int | None = None
-        self._last_t: float | None = None
-        self._intervals: deque[float] = deque(maxlen=31)
+
+    @property
+    def step_time(self) -> float | None:
+        """Median recent step time (from the shared :class:`StepPace`)."""
+        return self.pace.step_time
 
     @property
     def interval(self) -> int | None:
@@ -51,14 +55,8 @@ class CensusSchedule:
             return None
         return self.cost / (interval * self.step_time)
 
-    def on_step(self, t: float, step: int) -> bool:
-        """Record a step boundary at time ``t``; True when a census is due now."""
-        if self._last_t is not None and t > self._last_t:
-            # The median of recent steps: an evaluation pass or a checkpoint between two
-            # steps must not make censuses look cheap.
-            self._intervals.append(t - self._last_t)
-            self.step_time = statistics.median(self._intervals)
-        self._last_t = t
+    def on_step(self, step: int) -> bool:
+        """True when a census is due at ``step`` (the pace is fed by the caller)."""
         if not self.enabled or step < self.warmup:
             return False
         if self.last_step is None:
@@ -73,6 +71,5 @@ class CensusSchedule:
 
     def reset(self) -> None:
         """Forget the measurements (a new run)."""
-        self.step_time = self.cost = self._last_t = None
+        self.cost = None
         self.last_step = None
-        self._intervals.clear()

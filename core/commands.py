@@ -13,19 +13,10 @@ from collections.abc import Callable, Sequence
 
 from .backends import MemoryBackend, series_label
 from .events import CommandResult
+from .sampler import read_backends
 from .units import format_bytes
 
 COMMANDS = ("gc_collect", "empty_cache", "reset_peaks")
-
-
-def _read(backends: Sequence[MemoryBackend]) -> dict[str, float]:
-    values: dict[str, float] = {}
-    for backend in backends:
-        try:
-            backend.read(values)
-        except Exception:
-            continue
-    return values
 
 
 def _deltas(
@@ -49,11 +40,11 @@ def _describe(deltas: dict[str, float], always: tuple[str, ...] = ()) -> str:
 
 def gc_collect(backends: Sequence[MemoryBackend], now: Callable[[], float]) -> CommandResult:
     """Run a full ``gc.collect()`` and report objects collected and memory freed."""
-    before = _read(backends)
+    before = read_backends(backends)
     started = time.perf_counter()
     collected = gc.collect()
     took = time.perf_counter() - started
-    after = _read(backends)
+    after = read_backends(backends)
     deltas = _deltas(before, after, {"rss", "allocated"})
     changes = _describe(deltas, always=("cpu/rss",))
     message = f"gc.collect: {collected:,} objects collected in {took * 1000:.0f} ms"
@@ -69,10 +60,10 @@ def empty_cache(backends: Sequence[MemoryBackend], now: Callable[[], float]) -> 
         return CommandResult(
             now(), "empty_cache", False, "empty_cache: no accelerator in this process"
         )
-    before = _read(accelerators)
+    before = read_backends(accelerators)
     for backend in accelerators:
         backend.empty_cache()
-    after = _read(accelerators)
+    after = read_backends(accelerators)
     deltas = _deltas(before, after, {"reserved"})
     released = [
         f"{series_label(k)} {format_bytes(d, signed=True)} (now {format_bytes(after[k])})"
@@ -94,10 +85,10 @@ def reset_peaks(
     as the RSS peak; the Session resets those when it receives the result.
     """
     accelerators = [b for b in backends if b.is_accelerator]
-    before = _read(accelerators)
+    before = read_backends(accelerators)
     for backend in accelerators:
         backend.reset_peaks()
-    after = _read(backends)
+    after = read_backends(backends)
     parts = [
         f"{series_label(k)} {format_bytes(v)} -> {format_bytes(after[k])}"
         for k, v in before.items()

@@ -21,6 +21,18 @@ log = logging.getLogger(__name__)
 MIN_HZ, MAX_HZ = 1.0, 100.0
 
 
+def read_backends(backends: Sequence[MemoryBackend], full: bool = True) -> dict[str, float]:
+    """One reading of ``backends``; a failing backend is logged and skipped, so that one
+    broken counter never stops the others."""
+    values: dict[str, float] = {}
+    for backend in backends:
+        try:
+            backend.read(values, full)
+        except Exception:
+            log.debug("backend %s failed", backend.kind, exc_info=True)
+    return values
+
+
 def clamp_rate(hz: float) -> float:
     """Clamp a sampling rate to the supported 1..100 Hz."""
     return min(MAX_HZ, max(MIN_HZ, float(hz)))
@@ -57,14 +69,8 @@ class Sampler:
         self._period = 1.0 / clamp_rate(hz)
 
     def read(self, full: bool = True) -> dict[str, float]:
-        """One reading of every backend; a failing backend is logged and skipped."""
-        values: dict[str, float] = {}
-        for backend in self.backends:
-            try:
-                backend.read(values, full)
-            except Exception:
-                log.debug("backend %s failed", backend.kind, exc_info=True)
-        return values
+        """One reading of every backend (see :func:`read_backends`)."""
+        return read_backends(self.backends, full)
 
     def sample(self) -> Sample:
         """Take one sample now and hand it to the sink (boundary readings first)."""

@@ -21,6 +21,7 @@ from .leaks import LeakDetector, LeakSettings
 from .runner import ScriptRunner
 from .sampler import Sampler
 from .session import Session
+from .step_pace import StepPace
 from .tensor_census import describe_census, script_namespaces, take_census
 
 
@@ -38,10 +39,11 @@ class InProcessSource:
         self.sampler = Sampler(self.backends, session.submit, hz, clock=session.now)
         self._runner: ScriptRunner | None = None
         self.steps_seen = 0
-        self.census_schedule = CensusSchedule()
+        self.pace = StepPace()  # one step-time measurement for every per-step budget
+        self.census_schedule = CensusSchedule(pace=self.pace)
         self.leaks = LeakDetector(session.submit, self.capacity(), LeakSettings())
         session.subscribe(self.leaks.on_event)
-        self._boundary = _BoundaryClock()
+        self._boundary = _BoundaryClock(self.pace)
         self._census_wanted = threading.Event()
         self._census_done = threading.Event()
         self._census_reply: CensusTaken | None = None
@@ -73,7 +75,7 @@ class InProcessSource:
         runner = ScriptRunner(script, list(args), self.emit, self.session.now, cwd, capture_output)
         self._runner = runner
         self.census_schedule.reset()
-        self._boundary = _BoundaryClock()
+        self._boundary = _BoundaryClock(self.pace)
         self.sampler.start()
         try:
             return runner.run()
@@ -87,7 +89,8 @@ class InProcessSource:
         """The runner's events go to the Session; step boundaries may take a census."""
         self.session.submit(event)
         if isinstance(event, Marker) and event.kind is MarkerKind.STEP:
-            if self._boundary.due(event.t):
+            self.pace.on_step(event.t)
+            if self._boundary.due():
                 started = time.thread_time()  # CPU work, not waiting for the GIL
                 self.sampler.record_boundary(event.step)
                 self._boundary.cost(time.thread_time() - started)
@@ -97,7 +100,7 @@ class InProcessSource:
                 self._census_done.set()
             elif self.leaks.census_due(event.step):
                 self.census("leak", event.step)
-            elif self.census_schedule.on_step(event.t, event.step):
+            elif self.census_schedule.on_step(event.step):
                 self.census("step", event.step)
 
     def request_census(self, wait_s: float = 2.0) -> CensusTaken:
@@ -191,20 +194,17 @@ class _BoundaryClock:
 
     BUDGET = 0.01
 
-    def __init__(self) -> None:
-        self.step_time: float | None = None
+    def __init__(self, pace: StepPace) -> None:
+        self.pace = pace
         self.read_cost = 0.0
-        self._last_t: float | None = None
         self._skipped = 0
 
-    def due(self, t: float) -> bool:
-        if self._last_t is not None and t > self._last_t:
-            dt = t - self._last_t
-            self.step_time = dt if self.step_time is None else 0.9 * self.step_time + 0.1 * dt
-        self._last_t = t
+    def due(self) -> bool:
+        """True when this step boundary gets a reading (the pace is fed by the caller)."""
+        step_time = self.pace.step_time
         every = 1
-        if self.step_time and self.read_cost:
-            every = max(1, math.ceil(self.read_cost / (self.BUDGET * self.step_time)))
+        if step_time and self.read_cost:
+            every = max(1, math.ceil(self.read_cost / (self.BUDGET * step_time)))
         self._skipped += 1
         if self._skipped >= every:
             self._skipped = 0

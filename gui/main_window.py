@@ -87,6 +87,8 @@ class MainWindow(QMainWindow):
         self._script_thread: QThread | None = None
         self._script_worker: ScriptWorker | None = None
         self._runs = 0
+        self._stopping = False
+        self._rerun_pending = False
 
         self.setWindowTitle("torchmem")
         self.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
@@ -505,6 +507,7 @@ class MainWindow(QMainWindow):
         """Ask the running script to stop at its next step (forced after 2 s)."""
         if self.running:
             self.source.request_stop(grace_s=2.0)
+            self._stopping = True
             self.run_label.setText("Stopping…")
             self.act_stop.setEnabled(False)
 
@@ -526,7 +529,8 @@ class MainWindow(QMainWindow):
         self._script_worker = None
         self.bridge.flush()
         self._update_actions()
-        if getattr(self, "_rerun_pending", False):
+        self._stopping = False
+        if self._rerun_pending:
             self._rerun_pending = False
             QTimer.singleShot(0, self.run)
 
@@ -541,13 +545,9 @@ class MainWindow(QMainWindow):
             steps = self.session.steps.steps
             self.run_label.setText(
                 f"● Running · step {steps:,} · {self.session.now():.1f} s"
-                if not self.source_stop_requested()
+                if not self._stopping
                 else "Stopping…"
             )
-
-    def source_stop_requested(self) -> bool:
-        """True once Stop was pressed for the current run."""
-        return not self.act_stop.isEnabled() and self.running
 
     @Slot(list)
     def _on_events(self, events: list) -> None:
