@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 import sys as _sys
 from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from .steps import mark
 
@@ -36,4 +37,15 @@ def census(referrers: bool = True) -> Census:
     return take_census(namespaces, referrers=referrers)
 
 
-__all__ = ["__version__", "census", "mark"]
+def serve(hz: float = 10.0, listen: str | None = None, label: str = "") -> _Any:
+    """Let torchmem attach to this process: one line at the top of a training script.
+
+    ``torchmem ps`` lists it and the window's Attach dialog (or ``torchmem attach PID``)
+    connects to it. Returns the published entry. Safe to call more than once.
+    """
+    from .agent import serve as _serve
+
+    return _serve(hz, listen, label)
+
+
+__all__ = ["__version__", "census", "mark", "serve"]

@@ -234,8 +234,15 @@ class NvmlBackend(MemoryBackend):
 
     kind = "nvml"
 
-    def __init__(self, nvml: ModuleType, pid: int | None = None, every_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType,
+        pid: int | None = None,
+        every_s: float = 0.5,
+        torch_names: bool = True,
+    ) -> None:
         self.nvml = nvml
+        self.torch_names = torch_names
         self.pid = pid or os.getpid()
         self.every_s = every_s
         self._next = 0.0
@@ -245,7 +252,14 @@ class NvmlBackend(MemoryBackend):
         self._names = [self._device_name(i, h) for i, h in enumerate(self._handles)]
 
     def _device_name(self, index: int, handle: Any) -> str:
-        """Name the GPU as torch does (``cuda:N``) by matching UUIDs; NVML order otherwise."""
+        """Name the GPU as torch does (``cuda:N``) by matching UUIDs; NVML order otherwise.
+
+        Watching another process (``torch_names=False``), torch's numbering is that
+        process's (its CUDA_VISIBLE_DEVICES), unknown here: the NVML index is shown as
+        ``gpu:N`` and no CUDA call is made in this process.
+        """
+        if not self.torch_names:
+            return f"gpu:{index}"
         try:
             import torch
 
@@ -281,12 +295,12 @@ class NvmlBackend(MemoryBackend):
         return caps
 
 
-def _nvml_backend(pid: int | None) -> MemoryBackend | None:
+def _nvml_backend(pid: int | None, torch_names: bool = True) -> MemoryBackend | None:
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        return NvmlBackend(pynvml, pid)
+        return NvmlBackend(pynvml, pid, torch_names=torch_names)
     except Exception:
         return None
 
@@ -309,4 +323,14 @@ def discover_backends(pid: int | None = None) -> list[MemoryBackend]:
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         backends.append(MpsBackend(torch.mps))
+    return backends
+
+
+def process_backends(pid: int) -> list[MemoryBackend]:
+    """Backends that watch another process from outside: psutil, and NVML when a driver
+    answers (GPU memory as nvidia-smi shows it, CUDA context and caches included)."""
+    backends: list[MemoryBackend] = [ProcessBackend(pid)]
+    nvml = _nvml_backend(pid, torch_names=False)
+    if nvml is not None:
+        backends.append(nvml)
     return backends

@@ -3,6 +3,8 @@
     torchmem [OPTIONS] [SCRIPT [ARGS...]]          open the window, run SCRIPT in it
     torchmem --demo [DEMO ARGS...]                 open the window on the bundled demo
     torchmem run [OPTIONS] SCRIPT [ARGS...]        headless: run with monitoring, no Qt
+    torchmem ps [--json]                           processes to attach to
+    torchmem attach [OPTIONS] PID                  headless: collect from a running process
 
 torchmem's own options come before the script; everything after the script is the
 script's, as with ``python`` itself.
@@ -66,15 +68,98 @@ def run_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit with code 4 when a leak alert fired (for CI), unless the script failed",
     )
+    p.add_argument(
+        "--attachable",
+        action="store_true",
+        help="start the agent so that `torchmem attach` and the window can attach to the run",
+    )
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="(implies --attachable) serve on TCP instead of a private Unix socket; anything "
+        "but 127.0.0.1 is reachable from other machines: prefer SSH socket forwarding",
+    )
     _common(p)
     p.add_argument("script", help="the Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
 
 
+def ps_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem ps``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem ps",
+        description="List processes torchmem can attach to: live agents, and your other "
+        "Python processes that have torch loaded.",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON (tokens are never shown)")
+    p.add_argument("--agents", action="store_true", help="only processes with an agent")
+    return p
+
+
+def attach_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem attach``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem attach",
+        description="Collect memory readings from a running process, headless. With an agent "
+        "(torchmem.serve(), torchmem run --attachable) everything is collected; without one, "
+        "RSS and the GPU memory the driver reports. A torchrun launcher's pid attaches to "
+        "every rank.",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        metavar="S",
+        help="seconds to collect (default: until the process ends or Ctrl+C)",
+    )
+    p.add_argument("--summary", metavar="JSON", help="write a JSON summary here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--hz", type=_rate, default=10.0, help="rate when watching from outside")
+    p.add_argument("pid", type=int, help="the process id (see `torchmem ps`)")
+    return p
+
+
+def _ps(argv: list[str]) -> int:
+    import json
+
+    from .attach import list_processes
+    from .units import format_bytes
+
+    opts = ps_parser().parse_args(argv)
+    rows = list_processes(include_plain=not opts.agents)
+    if opts.json:
+        print(json.dumps([r.to_json() for r in rows], indent=2))
+        return 0
+    if not rows:
+        print(
+            "No processes to attach to. Start a run with `torchmem run --attachable "
+            "SCRIPT`, or add `torchmem.serve()` to a script."
+        )
+        return 0
+    print(f"{'PID':>8}  {'AGENT':<6} {'RANK':<6} {'RSS':>10} {'GPU':>10}  COMMAND")
+    for r in rows:
+        rank = (
+            f"{r.agent.rank}/{r.agent.world_size}" if r.agent and r.agent.rank is not None else "-"
+        )
+        gpu = format_bytes(r.gpu_bytes) if r.gpu_bytes is not None else "-"
+        cmd = " ".join(r.cmdline)[:100]
+        agent = "yes" if r.agent else "no"
+        print(f"{r.pid:>8}  {agent:<6} {rank:<6} {format_bytes(r.rss):>10} {gpu:>10}  {cmd}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``torchmem`` command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["ps"]:
+        return _ps(argv[1:])
+    if argv[:1] == ["attach"]:
+        opts = attach_parser().parse_args(argv[1:])
+        from .attach import attach_headless
+
+        if opts.duration is not None and opts.duration <= 0:
+            attach_parser().error("--duration must be positive")
+        return attach_headless(opts.pid, opts.duration, opts.summary, opts.hz, opts.quiet)
     if argv[:1] == ["run"]:
         opts = run_parser().parse_args(argv[1:])
         from .headless import run_headless
@@ -86,7 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"torchmem: {exc}", file=sys.stderr)
             return 2
         return run_headless(
-            opts.script, opts.args, opts.summary, opts.hz, opts.cwd, opts.quiet, opts.fail_on_leak
+            opts.script,
+            opts.args,
+            opts.summary,
+            opts.hz,
+            opts.cwd,
+            opts.quiet,
+            opts.fail_on_leak,
+            attachable=opts.attachable,
+            listen=opts.listen,
         )
 
     demo_args: list[str] = []

@@ -52,6 +52,8 @@ def run_headless(
     cwd: str | None = None,
     quiet: bool = False,
     fail_on_leak: bool = False,
+    attachable: bool = False,
+    listen: str | None = None,
 ) -> int:
     """Run ``script`` with monitoring; return its exit code (130 when interrupted).
 
@@ -60,10 +62,28 @@ def run_headless(
     """
     session = Session()
     source = InProcessSource(session, hz=hz)
+    agent = None
+    if attachable or listen:
+        from .agent import Agent
+        from .discovery import DiscoveryError
+
+        agent = Agent(source, listen=listen)
+        try:
+            entry = agent.start()
+        except (OSError, DiscoveryError) as exc:
+            sys.stderr.write(f"torchmem: cannot start the agent: {exc}\n")
+            return 2
+        if not quiet:
+            sys.stderr.write(
+                f"torchmem: attachable as pid {entry.pid} "
+                f"(torchmem attach {entry.pid}, or the window's Attach dialog)\n"
+            )
     try:
-        result = source.run_script(script, args, cwd=cwd, capture_output=False)
+        result = source.run_script(script, args, cwd=cwd, capture_output=agent is not None)
     finally:
         source.close()
+        if agent is not None:
+            agent.close()
     data = summary(session, source, result)
     if result.traceback:
         sys.stderr.write(result.traceback)

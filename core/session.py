@@ -66,6 +66,12 @@ class Session:
         """Seconds since the session (re)started: the time base of every event."""
         return time.monotonic() - self.t0
 
+    def align_clock(self, now: float) -> None:
+        """Make :meth:`now` read ``now`` at this instant: an attached process's clock
+        becomes the Session's, so its history keeps its own times."""
+        with self._lock:
+            self.t0 = time.monotonic() - now
+
     def reset(self) -> None:
         """Forget everything and restart the clock (a new run in the same window)."""
         with self._lock:
@@ -154,8 +160,8 @@ class Session:
             peaks: dict[str, float] = {}
             for key, buf in self.series.items():
                 device, metric = key.rpartition("/")[::2]
-                if metric == "rss":
-                    peaks["cpu_rss"] = buf.peak
+                if metric == "rss":  # "cpu_rss", or "rank1/cpu_rss" for a rank of a job
+                    peaks[f"{device}_rss"] = buf.peak
                 elif metric in ("peak_allocated", "allocated") and buf.count:
                     peaks[device] = max(peaks.get(device, 0.0), buf.peak)
             return peaks

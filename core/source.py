@@ -22,7 +22,40 @@ from .runner import ScriptRunner
 from .sampler import Sampler
 from .session import Session
 from .step_pace import StepPace
+from .steps import StepTracker
 from .tensor_census import describe_census, script_namespaces, take_census
+
+
+class WatchedThread:
+    """Code that already runs in this process (``torchmem.serve()``): its steps, its stop.
+
+    The counterpart of :class:`~torchmem.runner.ScriptRunner` for a script torchmem did
+    not start: the same step hooks, installed for the thread that asked to be served.
+    """
+
+    def __init__(self, tracker: StepTracker, thread_ident: int, script: str | None) -> None:
+        self.tracker = tracker
+        self.thread_ident: int | None = thread_ident
+        self.script = script
+
+    @property
+    def steps(self) -> int:
+        """Steps seen so far."""
+        return self.tracker.steps
+
+    def request_stop(self, grace_s: float = 2.0) -> None:
+        """Stop at the thread's next step, backward, mark or module forward (no forcing:
+        torchmem does not own this thread's exit)."""
+        self.tracker.request_stop()
+
+
+_active: InProcessSource | None = None
+
+
+def active_source() -> InProcessSource | None:
+    """The source running a script in this process right now (``torchmem run``, the
+    window), so that ``torchmem.serve()`` in that script serves that run."""
+    return _active
 
 
 class InProcessSource:
@@ -37,7 +70,7 @@ class InProcessSource:
         self.session = session
         self.backends = list(backends) if backends is not None else discover_backends()
         self.sampler = Sampler(self.backends, session.submit, hz, clock=session.now)
-        self._runner: ScriptRunner | None = None
+        self._runner: ScriptRunner | WatchedThread | None = None
         self.steps_seen = 0
         self.pace = StepPace()  # one step-time measurement for every per-step budget
         self.census_schedule = CensusSchedule(pace=self.pace)
@@ -72,8 +105,10 @@ class InProcessSource:
         capture_output: bool = True,
     ) -> RunFinished:
         """Run ``script`` in the calling thread, sampling while it runs; blocks until it ends."""
+        global _active
         runner = ScriptRunner(script, list(args), self.emit, self.session.now, cwd, capture_output)
         self._runner = runner
+        _active = self
         self.census_schedule.reset()
         self._boundary = _BoundaryClock(self.pace)
         self.sampler.start()
@@ -84,6 +119,29 @@ class InProcessSource:
             self.sampler.stop()
             self.sampler.sample()  # pending boundaries, then the state after the script
             self._runner = None
+            if _active is self:
+                _active = None
+
+    def watch_thread(self, thread_ident: int | None = None, script: str | None = None) -> None:
+        """Monitor code already running in this process, in ``thread_ident`` (the caller's
+        by default): step hooks, boundary readings, censuses and stop, as for a run."""
+        if self._runner is not None:
+            raise RuntimeError("this source already monitors a run")
+        ident = thread_ident if thread_ident is not None else threading.get_ident()
+        tracker = StepTracker(self.emit, self.session.now)
+        tracker.install(ident)
+        self._runner = WatchedThread(tracker, ident, script)
+        self.census_schedule.reset()
+        self.sampler.start()
+
+    def unwatch(self) -> None:
+        """Undo :meth:`watch_thread`: remove the hooks, stop sampling."""
+        runner = self._runner
+        if isinstance(runner, WatchedThread):
+            runner.tracker.uninstall()
+            self.steps_seen = runner.steps
+            self._runner = None
+        self.sampler.stop()
 
     def emit(self, event: Event) -> None:
         """The runner's events go to the Session; step boundaries may take a census."""

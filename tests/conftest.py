@@ -111,3 +111,15 @@ class StubCuda:
 def stub_cuda():
     """A stub CUDA runtime: 1 device, 80 GiB."""
     return StubCuda()
+
+
+@pytest.fixture
+def runtime_dir(monkeypatch):
+    """A private, short agent runtime directory (Unix socket paths are limited to ~104 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="tm-rt-"))
+    path.chmod(0o700)
+    monkeypatch.setenv("TORCHMEM_RUNTIME_DIR", str(path))
+    yield path
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,772 @@
+"""The agent: serves a process's memory to torchmem viewers over a private local socket.
+
+It wraps an :class:`~torchmem.source.InProcessSource` (the same sampler, step hooks,
+censuses, leak detector and commands a run in the window has) and forwards every event
+of its Session to subscribed viewers. Training never waits for a viewer: the Session
+listener only appends to a bounded queue; one daemon thread does all socket work, and a
+second runs the requests that take time (a census, gc.collect) one at a time.
+
+Security: a Unix socket (0600, in a 0700 directory), the peer's uid checked where the OS
+reports it, and a random 256-bit token required in the first frame, compared in constant
+time. Nothing received is executed: requests are names from a fixed table.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hmac
+import itertools
+import logging
+import os
+import queue
+import secrets
+import selectors
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .discovery import AgentEntry, remove_entry, runtime_dir, write_entry
+from .events import Event, Marker, MarkerKind, RunFinished, RunStarted, RunStatus, Sample
+from .protocol import (
+    MAX_REQUEST_BYTES,
+    PROTOCOL_VERSION,
+    FrameReader,
+    ProtocolError,
+    encode,
+    field,
+)
+from .runner import EXIT_STOPPED
+from .session import Session
+from .source import InProcessSource, active_source
+from .steps import ScriptStopped
+from .wire import event_to_wire
+
+log = logging.getLogger(__name__)
+
+#: Samples and step markers kept for a viewer that attaches late (about 10 min at 10 Hz).
+HISTORY = 6000
+#: Events waiting for the agent thread; a burst beyond this drops the oldest.
+OUTBOX = 20_000
+#: Bytes queued for one viewer before its oldest event batches are dropped.
+MAX_QUEUED_BYTES = 32 * 1024 * 1024
+#: A viewer must say hello within this many seconds.
+HELLO_TIMEOUT_S = 5.0
+MAX_VIEWERS = 32
+
+#: Requests answered in the agent thread at once, and those run by the command thread.
+INLINE_REQUESTS = ("subscribe", "unsubscribe", "info", "set_rate", "ping")
+SLOW_REQUESTS = (
+    "census",
+    "gc_collect",
+    "empty_cache",
+    "reset_peaks",
+    "mark",
+    "stop",
+    "referrers",
+    "history_start",
+    "history_stop",
+    "snapshot",
+)
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket, where the OS says it."""
+    if sock.family != getattr(socket, "AF_UNIX", None):
+        return None
+    so_peercred = getattr(socket, "SO_PEERCRED", None)
+    if so_peercred is not None:  # Linux: struct ucred {pid, uid, gid}
+        creds = sock.getsockopt(socket.SOL_SOCKET, so_peercred, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)[1]
+    getpeereid = getattr(os, "getpeereid", None)  # not in CPython today; BSD/macOS someday
+    if getpeereid is not None:
+        return getpeereid(sock.fileno())[0]
+    return None
+
+
+def peer_allowed(uid: int | None, own_uid: int) -> bool:
+    """A peer may talk to the agent when it is the same user, or the OS cannot tell (the
+    0600 socket and the token then keep others out)."""
+    return uid is None or uid == own_uid
+
+
+class _Viewer:
+    """One connection: its reader, its outgoing frames and what it asked for."""
+
+    ids = itertools.count(1)
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.id = next(self.ids)
+        self.sock = sock
+        self.reader = FrameReader(MAX_REQUEST_BYTES)
+        self.authed = False
+        self.subscribed = False
+        self.connected_at = time.monotonic()
+        self.out: deque[tuple[bytes, bool]] = deque()  # (frame, droppable)
+        self.out_bytes = 0
+        self.sending: memoryview | None = None
+        self.dropped = 0
+        self.closing = False  # close once the queue is sent (after an error reply)
+
+    def queue(self, frame: bytes, droppable: bool = False) -> None:
+        self.out.append((frame, droppable))
+        self.out_bytes += len(frame)
+        while self.out_bytes > MAX_QUEUED_BYTES:
+            # A slow viewer loses its oldest event batches, never replies.
+            victim = next((i for i, (_, d) in enumerate(self.out) if d), None)
+            if victim is None:
+                break
+            frame_out, _ = self.out[victim]
+            del self.out[victim]
+            self.out_bytes -= len(frame_out)
+            self.dropped += 1
+
+
+class Agent:
+    """Serves ``source`` to viewers; :meth:`start` publishes it, :meth:`close` retracts it."""
+
+    def __init__(
+        self,
+        source: InProcessSource,
+        listen: str | None = None,
+        directory: Path | None = None,
+        label: str = "",
+    ) -> None:
+        self.source = source
+        self.session: Session = source.session
+        self.listen = listen
+        self.directory = directory
+        self.label = label
+        self.token = secrets.token_hex(32)
+        self.pid = os.getpid()
+        self.entry: AgentEntry | None = None
+        self._viewers: dict[int, _Viewer] = {}
+        self._subscribers = 0
+        self._history: deque[Event] = deque(maxlen=HISTORY)
+        self._outbox: deque[Event] = deque(maxlen=OUTBOX)
+        self._outbox_dropped = 0
+        self._replies: deque[tuple[int, bytes]] = deque()
+        self._requests: queue.Queue[tuple[int, int, str, dict[str, Any]]] = queue.Queue(16)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._worker: threading.Thread | None = None
+        self._listener: socket.socket | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._unsubscribe: Callable[[], None] | None = None
+        self.frames_in = 0
+        self.errors = 0
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> AgentEntry:
+        """Open the socket, publish the discovery entry and start serving."""
+        directory = self.directory or runtime_dir()
+        self.directory = directory
+        address = self._open_listener(directory)
+        self.entry = AgentEntry(
+            pid=self.pid,
+            create_time=_create_time(),
+            argv=list(sys.argv) if sys.argv and sys.argv[0] else [sys.executable],
+            cwd=os.getcwd(),
+            python=sys.version.split()[0],
+            torch=_torch_version(),
+            torchmem=__version__,
+            protocol=PROTOCOL_VERSION,
+            address=address,
+            token=self.token,
+            hz=self.source.sampler.hz,
+            rank=_env_int("RANK"),
+            local_rank=_env_int("LOCAL_RANK"),
+            world_size=_env_int("WORLD_SIZE"),
+            started=time.time() - self.session.now(),
+            label=self.label,
+        )
+        self._unsubscribe = self.session.subscribe(self._on_event)
+        self._thread = threading.Thread(target=self._serve, name="torchmem-agent", daemon=True)
+        self._worker = threading.Thread(
+            target=self._work, name="torchmem-agent-requests", daemon=True
+        )
+        self._thread.start()
+        self._worker.start()
+        write_entry(self.entry, directory)
+        atexit.register(self.close)
+        global _running
+        _running = self
+        return self.entry
+
+    def _open_listener(self, directory: Path) -> str:
+        if self.listen is None and hasattr(socket, "AF_UNIX"):
+            path = directory / f"agent-{self.pid}.sock"
+            if len(os.fsencode(path)) > 100:  # sun_path holds 104-108 bytes, per OS
+                raise OSError(
+                    f"the socket path {path} is too long for a Unix socket; set "
+                    "TORCHMEM_RUNTIME_DIR to a shorter private directory"
+                )
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old = os.umask(0o177)  # the socket is born 0600: no window where others connect
+            try:
+                sock.bind(str(path))
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+            address = str(path)
+        else:
+            host, _, port = (self.listen or "127.0.0.1:0").rpartition(":")
+            host = host.strip("[]") or "127.0.0.1"
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                sys.stderr.write(
+                    f"torchmem: WARNING: the agent listens on {host}:{port}, reachable from "
+                    "other machines; anyone with the token from this user's runtime "
+                    "directory can read this process's memory statistics and run its "
+                    "commands. Prefer forwarding the Unix socket over SSH (see the README).\n"
+                )
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, int(port or 0)))
+            bound = sock.getsockname()
+            address = f"tcp:{bound[0]}:{bound[1]}"
+        sock.listen(MAX_VIEWERS)
+        sock.setblocking(False)
+        self._listener = sock
+        return address
+
+    def close(self, linger_s: float = 0.5) -> None:
+        """Stop serving: flush what viewers are owed (up to ``linger_s``), retract the entry."""
+        global _running
+        if self._thread is None or os.getpid() != self.pid:  # never from a forked child
+            return
+        if _running is self:
+            _running = None
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.close)
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        deadline = time.monotonic() + linger_s
+        while time.monotonic() < deadline and (self._outbox or self._owed()):
+            self._wake()
+            time.sleep(0.01)
+        self._stop.set()
+        self._wake()
+        self._thread.join(2.0)
+        with contextlib.suppress(queue.Full):
+            self._requests.put_nowait((0, 0, "", {}))  # wakes the worker to see the stop
+        if self._worker is not None:
+            self._worker.join(2.0)
+        self._thread = None
+        if self.directory is not None:
+            remove_entry(self.pid, self.directory)
+        for sock in (self._wake_r, self._wake_w):
+            sock.close()
+
+    def _owed(self) -> bool:
+        return any(v.out or v.sending for v in list(self._viewers.values()) if v.subscribed)
+
+    @property
+    def viewers(self) -> int:
+        """Connected viewers that passed the handshake."""
+        return sum(1 for v in list(self._viewers.values()) if v.authed)
+
+    # -- the Session side (any thread, often the training loop: cheap and never blocking) --
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, Sample) or (
+            isinstance(event, Marker) and event.kind is MarkerKind.STEP
+        ):
+            self._history.append(event)
+        if self._subscribers:
+            if len(self._outbox) == self._outbox.maxlen:
+                self._outbox_dropped += 1
+            self._outbox.append(event)
+            if not isinstance(event, Marker):  # step markers ride along with the next sample
+                self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # a full pipe already means "wake up"
+            self._wake_w.send(b"\0")
+
+    # -- the agent thread ---------------------------------------------------------------------
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        assert self._listener is not None
+        sel.register(self._listener, selectors.EVENT_READ, "accept")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            while not self._stop.is_set():
+                for key, mask in sel.select(timeout=0.05):
+                    if key.data == "accept":
+                        self._accept(sel)
+                    elif key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                    else:
+                        viewer = self._viewers.get(key.data)
+                        if viewer is None:
+                            continue
+                        if mask & selectors.EVENT_READ:
+                            self._read(sel, viewer)
+                        if mask & selectors.EVENT_WRITE and viewer.id in self._viewers:
+                            self._write(sel, viewer)
+                self._pump(sel)
+        except Exception:  # never take the training process down with the agent
+            log.exception("torchmem agent stopped")
+        finally:
+            for viewer in list(self._viewers.values()):
+                self._drop(sel, viewer)
+            sel.close()
+            if self._listener is not None:
+                self._listener.close()
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        assert self._listener is not None
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        if len(self._viewers) >= MAX_VIEWERS:
+            sock.close()
+            return
+        try:
+            uid = peer_uid(sock)
+        except OSError:
+            uid = -1
+        if not peer_allowed(uid, os.getuid()):
+            sock.close()
+            return
+        sock.setblocking(False)
+        viewer = _Viewer(sock)
+        self._viewers[viewer.id] = viewer
+        sel.register(sock, selectors.EVENT_READ, viewer.id)
+
+    def _read(self, sel: selectors.BaseSelector, viewer: _Viewer) -> None:
+        try:
+            data = viewer.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(sel, viewer)
+            return
+        if viewer.closing:  # refused: what it still sends is read and ignored
+            return
+        try:
+            for message in viewer.reader.feed(data):
+                self.frames_in += 1
+                self._handle(viewer, message)
+                if viewer.closing:
+                    break
+        except ProtocolError as exc:
+            self.errors += 1
+            self._refuse(viewer, str(exc))
+
+    def _refuse(self, viewer: _Viewer, message: str) -> None:
+        """Answer with an error, then close once it is sent."""
+        viewer.queue(encode({"type": "error", "message": message}))
+        viewer.closing = True
+
+    def _handle(self, viewer: _Viewer, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if not viewer.authed:
+            if kind != "hello":
+                self._refuse(viewer, "the first frame must be a hello with the token")
+                return
+            version = message.get("version")
+            token = message.get("token")
+            if version != PROTOCOL_VERSION:
+                self._refuse(
+                    viewer,
+                    f"protocol version {version!r} not supported (this agent speaks "
+                    f"{PROTOCOL_VERSION}, torchmem {__version__}); use the same torchmem "
+                    "version on both sides",
+                )
+                return
+            if not isinstance(token, str) or not hmac.compare_digest(
+                token.encode("utf-8", "replace"), self.token.encode()
+            ):
+                self._refuse(viewer, "wrong or missing token")
+                return
+            viewer.authed = True
+            assert self.entry is not None
+            viewer.queue(
+                encode(
+                    {
+                        "type": "welcome",
+                        "version": PROTOCOL_VERSION,
+                        "agent": self.entry.public(),
+                        "now": self.session.now(),
+                    }
+                )
+            )
+            return
+        if kind != "request":
+            raise ProtocolError(f"unexpected frame type {kind!r}")
+        rid = field(message, "id", int)
+        name = field(message, "name", str)
+        args = field(message, "args", dict, {})
+        if name in INLINE_REQUESTS:
+            self._inline(viewer, rid, name, args)
+        elif name in SLOW_REQUESTS:
+            try:
+                self._requests.put_nowait((viewer.id, rid, name, args))
+            except queue.Full:
+                viewer.queue(_reply(rid, False, error="busy: too many requests in flight"))
+        else:
+            viewer.queue(_reply(rid, False, error=f"unknown request {name!r}"))
+
+    def _inline(self, viewer: _Viewer, rid: int, name: str, args: dict[str, Any]) -> None:
+        if name == "subscribe":
+            if not viewer.subscribed:
+                viewer.subscribed = True
+                self._subscribers += 1
+                replay = self._replay()
+                viewer.queue(_reply(rid, True, {"replayed": len(replay)}))
+                for chunk in _chunks(replay, 2000):
+                    viewer.queue(_events_frame(chunk, 0), droppable=False)
+            else:
+                viewer.queue(_reply(rid, True, {"replayed": 0}))
+        elif name == "unsubscribe":
+            if viewer.subscribed:
+                viewer.subscribed = False
+                self._subscribers -= 1
+            viewer.queue(_reply(rid, True))
+        elif name == "info":
+            viewer.queue(_reply(rid, True, self.info()))
+        elif name == "set_rate":
+            hz = args.get("hz")
+            if not isinstance(hz, (int, float)) or isinstance(hz, bool):
+                viewer.queue(_reply(rid, False, error="set_rate needs a number 'hz'"))
+                return
+            self.source.sampler.set_rate(hz)
+            viewer.queue(_reply(rid, True, {"hz": self.source.sampler.hz}))
+        elif name == "ping":
+            viewer.queue(_reply(rid, True, {"now": self.session.now()}))
+
+    def info(self) -> dict[str, Any]:
+        """What a viewer needs to set up its window: devices, capacity, rate, state."""
+        source = self.source
+        return {
+            "capacity": source.capacity(),
+            "has_accelerator": source.has_accelerator,
+            "hz": source.sampler.hz,
+            "steps": source.steps,
+            "running": source.running,
+            "now": self.session.now(),
+            "viewers": self.viewers,
+        }
+
+    def _replay(self) -> list[Event]:
+        """What a late viewer needs to see the run so far, in time order."""
+        s = self.session
+        events: list[Event] = []
+        if s.run_started is not None:
+            events.append(s.run_started)
+        events.extend(list(self._history))
+        events.extend(s.user_markers())
+        events.extend(list(s.logs)[-1000:])
+        events.extend(a for a in s.alert_log if a.state == "active")
+        previous, latest = s.previous_census, s.census
+        events.extend(c for c in (previous, latest) if c is not None)
+        if s.run_finished is not None:
+            events.append(s.run_finished)
+        events.sort(key=lambda e: e.t)
+        return events
+
+    def _pump(self, sel: selectors.BaseSelector) -> None:
+        """Batch pending events for subscribers, post replies, and close idle handshakes."""
+        if self._outbox:
+            batch = []
+            while self._outbox:
+                try:
+                    batch.append(self._outbox.popleft())
+                except IndexError:
+                    break
+            dropped, self._outbox_dropped = self._outbox_dropped, 0
+            subscribers = [v for v in self._viewers.values() if v.subscribed and not v.closing]
+            if subscribers:
+                for chunk in _chunks(batch, 2000):
+                    frame = _events_frame(chunk, dropped)
+                    dropped = 0
+                    for viewer in subscribers:
+                        viewer.queue(frame, droppable=True)
+        while self._replies:
+            vid, frame = self._replies.popleft()
+            viewer = self._viewers.get(vid)
+            if viewer is not None:
+                viewer.queue(frame)
+        now = time.monotonic()
+        for viewer in list(self._viewers.values()):
+            late = now - viewer.connected_at > HELLO_TIMEOUT_S
+            if not viewer.authed and not viewer.closing and late:
+                self._refuse(viewer, "no hello within the time limit")
+            if viewer.out or viewer.sending is not None:
+                self._write(sel, viewer)
+
+    def _write(self, sel: selectors.BaseSelector, viewer: _Viewer) -> None:
+        try:
+            while True:
+                if viewer.sending is None:
+                    if not viewer.out:
+                        break
+                    frame, _ = viewer.out.popleft()
+                    viewer.out_bytes -= len(frame)
+                    viewer.sending = memoryview(frame)
+                sent = viewer.sock.send(viewer.sending)
+                viewer.sending = viewer.sending[sent:] if sent < len(viewer.sending) else None
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop(sel, viewer)
+            return
+        pending = viewer.sending is not None or bool(viewer.out)
+        if not pending and viewer.closing:
+            self._drop(sel, viewer)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
+        with contextlib.suppress(KeyError, ValueError):
+            sel.modify(viewer.sock, events, viewer.id)
+
+    def _drop(self, sel: selectors.BaseSelector, viewer: _Viewer) -> None:
+        if self._viewers.pop(viewer.id, None) is None:
+            return
+        if viewer.subscribed:
+            self._subscribers -= 1
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(viewer.sock)
+        viewer.sock.close()
+
+    # -- the request thread --------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            try:
+                vid, rid, name, args = self._requests.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if not name:
+                continue
+            try:
+                ok, result, error = True, self._run_request(name, args), ""
+            except Exception as exc:
+                ok, result, error = False, None, str(exc) or type(exc).__name__
+            self._replies.append((vid, _reply(rid, ok, result, error)))
+            self._wake()
+
+    def _run_request(self, name: str, args: dict[str, Any]) -> Any:
+        source = self.source
+        if name in ("census", "gc_collect", "empty_cache", "reset_peaks"):
+            result = source.command(name)
+            if not result.ok:
+                raise RuntimeError(result.message)
+            return {"message": result.message}
+        if name == "mark":
+            label = args.get("label")
+            if not isinstance(label, str) or not label.strip():
+                raise ValueError("mark needs a non-empty 'label'")
+            label = label[:200]
+            kind = MarkerKind.EPOCH if label.lower().startswith("epoch") else MarkerKind.USER
+            source.emit(Marker(self.session.now(), kind, label, source.steps))
+            return {"label": label}
+        if name == "stop":
+            if not source.running:
+                raise RuntimeError("nothing to stop: the run has ended")
+            source.request_stop()
+            return {"message": "stop requested: the script stops at its next step"}
+        if name == "referrers":
+            return _referrers(args)
+        if name in ("history_start", "history_stop", "snapshot"):
+            return _cuda_history(name, self.directory)
+        raise ValueError(f"unknown request {name!r}")
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _reply(rid: int, ok: bool, result: Any = None, error: str = "") -> bytes:
+    message: dict[str, Any] = {"type": "reply", "id": rid, "ok": ok}
+    if ok:
+        message["result"] = result
+    else:
+        message["error"] = error
+    return encode(message)
+
+
+def _events_frame(events: list[Event], dropped: int) -> bytes:
+    return encode(
+        {"type": "events", "events": [event_to_wire(e) for e in events], "dropped": dropped}
+    )
+
+
+def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _create_time() -> float:
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+def _torch_version() -> str:
+    torch = sys.modules.get("torch")
+    return str(getattr(torch, "__version__", "")) if torch is not None else ""
+
+
+def _referrers(args: dict[str, Any]) -> dict[str, Any]:
+    """What keeps one tensor alive, found again from its census identity."""
+    from .tensor_census import TensorInfo, referrer_chain
+
+    try:
+        device = str(args["device"])
+        probe = TensorInfo(
+            name="",
+            kind="plain",
+            shape=tuple(int(n) for n in args["shape"]),
+            stride=tuple(int(n) for n in args["stride"]),
+            storage_offset=int(args["offset"]),
+            dtype="",
+            device=device,
+            numel=0,
+            element_size=0,
+            span_bytes=0,
+            is_view=False,
+            is_contiguous=False,
+            requires_grad=False,
+            is_leaf=False,
+            grad_fn="",
+            pinned=False,
+            storage_key=(device, int(args["data_ptr"])),
+        )
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("referrers needs device, data_ptr, shape, stride and offset") from None
+    tensor = probe.alive()
+    if tensor is None:
+        return {"alive": False, "chain": []}
+    try:
+        chain = referrer_chain(tensor)
+        grad_fn = type(tensor.grad_fn).__name__ if tensor.grad_fn is not None else ""
+    finally:
+        del tensor
+    return {"alive": True, "chain": chain, "grad_fn": grad_fn}
+
+
+def _cuda_history(name: str, directory: Path | None) -> dict[str, Any]:
+    """Start/stop CUDA allocation history, or dump a snapshot for PyTorch's memory_viz."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        raise RuntimeError("allocation history needs a process that uses CUDA")
+    mem = torch.cuda.memory
+    if name == "history_start":
+        mem._record_memory_history(max_entries=100_000)
+        return {"message": "recording CUDA allocation history (last 100,000 events)"}
+    if name == "history_stop":
+        mem._record_memory_history(enabled=None)
+        return {"message": "allocation history stopped"}
+    folder = (directory or runtime_dir()) / "snapshots"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"snapshot-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.pickle"
+    mem._dump_snapshot(str(path))
+    return {
+        "path": str(path),
+        "message": f"snapshot written to {path}; open it at https://pytorch.org/memory_viz",
+    }
+
+
+# -- torchmem.serve() ---------------------------------------------------------------------------
+_running: Agent | None = None  # the agent serving this process, however it was started
+_served: Agent | None = None
+_served_lock = threading.Lock()
+
+
+def serve(hz: float = 10.0, listen: str | None = None, label: str = "") -> AgentEntry:
+    """Let torchmem viewers attach to this process (``torchmem.serve()``, one line).
+
+    Samples in a daemon thread, counts steps of the calling thread, and publishes an
+    entry that ``torchmem ps`` and the window's Attach dialog list. Calling it again
+    returns the same entry. Nothing waits for a viewer.
+    """
+    global _served
+    with _served_lock:
+        if _served is not None and _served.entry is not None and _served.pid == os.getpid():
+            return _served.entry
+        running = _running
+        if running is not None and running.entry is not None and running.pid == os.getpid():
+            return running.entry  # `torchmem run --attachable` already serves this run
+        active = active_source()
+        if active is not None:  # a run of `torchmem run` or the window: serve that run
+            agent = Agent(active, listen=listen, label=label)
+            return agent.start()
+        source = InProcessSource(Session(), hz=hz)
+        main = sys.modules.get("__main__")
+        script = getattr(main, "__file__", None)
+        source.watch_thread(threading.get_ident(), script)
+        session = source.session
+        session.submit(
+            RunStarted(session.now(), script or sys.executable, tuple(sys.argv[1:]), "served")
+        )
+        agent = Agent(source, listen=listen, label=label)
+        entry = agent.start()
+        _served = agent
+        _report_exit(agent)
+        return entry
+
+
+def _report_exit(agent: Agent) -> None:
+    """Tell viewers how a served process ends: an uncaught exception, or a normal exit."""
+    session = agent.session
+    started = time.monotonic()
+    previous_hook = sys.excepthook
+
+    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if session.run_finished is None and agent is _served:
+            import traceback
+
+            text = "".join(traceback.format_exception(kind, exc, tb))
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            status, code = RunStatus.FAILED, 1
+            message = f"raised {kind.__name__}: {first}" if first else f"raised {kind.__name__}"
+            if issubclass(kind, ScriptStopped):
+                status, code, message, text = RunStatus.STOPPED, EXIT_STOPPED, first, ""
+            elif "out of memory" in first.lower():
+                status = RunStatus.OOM
+            session.submit(
+                RunFinished(session.now(), status, code, message, text, time.monotonic() - started)
+            )
+        previous_hook(kind, exc, tb)
+
+    def at_exit() -> None:
+        if session.run_finished is None and agent is _served:
+            session.submit(
+                RunFinished(
+                    session.now(),
+                    RunStatus.FINISHED,
+                    0,
+                    "the process exited",
+                    duration_s=time.monotonic() - started,
+                )
+            )
+
+    sys.excepthook = excepthook
+    atexit.register(at_exit)  # after the agent's own: runs before it closes
+
+
+def stop_serving() -> None:
+    """Undo :func:`serve` (tests, or a script that wants to retract itself)."""
+    global _served
+    with _served_lock:
+        agent, _served = _served, None
+    if agent is not None:
+        agent.close(linger_s=0.2)
+        agent.source.unwatch()

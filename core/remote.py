@@ -1,0 +1,198 @@
+"""A source for a process that runs elsewhere: its agent's events, into our Session.
+
+:class:`RemoteSource` connects to one agent, shifts the agent's clock onto the Session's,
+and submits every event it receives, so the views show an attached run exactly as they
+show one of their own. Its commands (gc.collect, empty_cache, peaks, census, stop) are
+requests to the agent; their results come back as ordinary events. A lost connection is
+an event too: a log line and, for a run that had not ended, how it ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import psutil
+
+from .client import AgentClient, AttachError
+from .discovery import AgentEntry
+from .events import CommandResult, LogRecord, Marker, MarkerKind, RunFinished, RunStatus, Stream
+from .protocol import ProtocolError
+from .session import Session
+from .wire import event_from_wire
+
+
+class RemoteSource:
+    """Events of one agent, submitted to ``session`` (series renamed with ``prefix``)."""
+
+    def __init__(self, session: Session, entry: AgentEntry, prefix: str = "") -> None:
+        self.session = session
+        self.entry = entry
+        self.prefix = prefix
+        self.info: dict[str, Any] = {}
+        self.offset = 0.0
+        self.ended = threading.Event()
+        self.end_reason = ""
+        self.bad_frames = 0
+        self._client = AgentClient(entry, self._on_events, self._on_closed)
+        self._run_finished = False
+
+    @property
+    def pid(self) -> int:
+        """The attached process."""
+        return self.entry.pid
+
+    @property
+    def label(self) -> str:
+        """How the views name this process: its rank in a job, else its pid."""
+        if self.entry.rank is not None:
+            return f"rank {self.entry.rank}"
+        return f"pid {self.entry.pid}"
+
+    # -- life cycle -------------------------------------------------------------------------
+    def connect(self) -> dict[str, Any]:
+        """Connect, learn the agent's devices and clock, and subscribe to its events.
+
+        The agent's clock is mapped onto the Session's at the handshake, so traces of
+        several processes share one time axis; an empty Session takes the agent's clock
+        as it is (times since the run started). Raises :class:`AttachError`.
+        """
+        welcome = self._client.connect()
+        agent_now = welcome.get("now", 0.0)
+        agent_now = float(agent_now) if isinstance(agent_now, (int, float)) else 0.0
+        if self.session.samples == 0 and self.session.run_started is None:
+            self.session.align_clock(agent_now)
+        self.offset = self.session.now() - agent_now
+        self.info = self._client.request("info", timeout=10.0) or {}
+        self._client.request("subscribe", timeout=10.0)
+        return welcome
+
+    def close(self) -> None:
+        """Disconnect (the agent and its process carry on)."""
+        self._client.close()
+
+    @property
+    def connected(self) -> bool:
+        """True while the connection is up."""
+        return self._client.connected
+
+    # -- what the window asks of a source ----------------------------------------------------
+    @property
+    def has_accelerator(self) -> bool:
+        """True when the attached process uses an accelerator (enables empty_cache)."""
+        return bool(self.info.get("has_accelerator"))
+
+    def capacity(self) -> dict[str, int]:
+        """Total memory per device of the attached process, as its agent reported it."""
+        caps = self.info.get("capacity") or {}
+        return {self.prefix + k: v for k, v in caps.items() if isinstance(v, int)}
+
+    def command(self, name: str) -> CommandResult | None:
+        """Ask the agent to run a command; its result arrives as an event. A failure to
+        ask is submitted here, as a failed command result."""
+        try:
+            self._client.request(name, timeout=60.0)
+            return None
+        except AttachError as exc:
+            result = CommandResult(self.session.now(), name, False, f"{self.label}: {exc}")
+            self.session.submit(result)
+            return result
+
+    def request_stop(self, grace_s: float = 2.0) -> None:
+        """Ask the attached script to stop at its next step."""
+        self.command("stop")
+
+    def mark(self, label: str) -> None:
+        """Put a marker on the attached run's traces."""
+        try:
+            self._client.request("mark", {"label": label})
+        except AttachError as exc:
+            self.session.submit(LogRecord(self.session.now(), Stream.TORCHMEM, f"mark: {exc}"))
+
+    def set_rate(self, hz: float) -> None:
+        """Change the agent's sampling rate."""
+        with contextlib.suppress(AttachError):  # a lost connection is reported by _on_closed
+            self._client.request("set_rate", {"hz": float(hz)})
+
+    def referrers(self, tensor: Any) -> dict[str, Any]:
+        """What keeps a tensor of the attached process alive (its referrer chain)."""
+        return self._client.request(
+            "referrers",
+            {
+                "device": tensor.device,
+                "data_ptr": tensor.storage_key[1],
+                "shape": list(tensor.shape),
+                "stride": list(tensor.stride),
+                "offset": tensor.storage_offset,
+            },
+        )
+
+    def request(self, name: str, args: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
+        """Any other request by name (history, snapshot, ping); raises AttachError."""
+        return self._client.request(name, args, timeout)
+
+    # -- from the reader thread ---------------------------------------------------------------
+    def _on_events(self, events: list[dict[str, Any]], dropped: int) -> None:
+        if dropped:
+            self.session.submit(
+                LogRecord(
+                    self.session.now(),
+                    Stream.TORCHMEM,
+                    f"{self.label}: {dropped} event batch(es) dropped (the viewer fell behind)",
+                )
+            )
+        for data in events:
+            try:
+                if isinstance(data, dict) and isinstance(data.get("t"), (int, float)):
+                    data["t"] = data["t"] + self.offset
+                event = event_from_wire(data)
+            except ProtocolError:
+                self.bad_frames += 1
+                continue
+            if self.prefix:
+                event = self._renamed(event)
+            if isinstance(event, RunFinished):
+                self._run_finished = True
+            self.session.submit(event)
+
+    def _renamed(self, event: Any) -> Any:
+        from dataclasses import replace
+
+        from .events import Alert, Sample
+
+        if isinstance(event, Sample):
+            return Sample(
+                event.t, {self.prefix + k: v for k, v in event.values.items()}, event.step
+            )
+        if isinstance(event, Alert):
+            return replace(event, key=self.prefix + event.key, series=self.prefix + event.series)
+        return event
+
+    def _on_closed(self, reason: str) -> None:
+        self.end_reason = reason
+        if reason == "closed":  # we closed it ourselves
+            self.ended.set()
+            return
+        now = self.session.now()
+        gone = _gone(self.entry.pid)
+        what = f"process {self.entry.pid} exited" if gone else reason
+        self.session.submit(LogRecord(now, Stream.TORCHMEM, f"{self.label}: detached: {what}"))
+        if self.prefix:
+            self.session.submit(Marker(now, MarkerKind.USER, f"{self.label} ended", 0))
+        elif not self._run_finished:
+            message = (
+                f"process {self.entry.pid} ended while attached (killed or crashed)"
+                if gone
+                else f"lost the connection to process {self.entry.pid}: {reason}"
+            )
+            self.session.submit(RunFinished(now, RunStatus.FAILED, -1, message))
+        self.ended.set()
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` has exited (a zombie waiting for its parent has, too)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True

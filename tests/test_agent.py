@@ -1,0 +1,296 @@
+"""The agent and attach: served scripts, `torchmem run --attachable`, reconnects, kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import SCRIPTS
+
+from torchmem.client import AttachError
+from torchmem.discovery import find_agent, list_agents
+from torchmem.events import CensusTaken, CommandResult, Marker, MarkerKind, RunStatus
+from torchmem.remote import RemoteSource
+from torchmem.session import Session
+
+
+def start(args, env=None):
+    """A child python process; its stdout is a pipe we read lines from."""
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def wait_for_agent(proc, timeout=60.0):
+    """The discovery entry of ``proc`` once its agent is up (the process must live)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entry = find_agent(proc.pid)
+        if entry is not None:
+            return entry
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended before serving: {proc.communicate()}")
+        time.sleep(0.05)
+    raise AssertionError("the agent never published its entry")
+
+
+def wait_until(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Recorder:
+    """Everything the Session hears, by type, thread-safely."""
+
+    def __init__(self, session):
+        self.events = []
+        self._lock = threading.Lock()
+        session.subscribe(self._add)
+
+    def _add(self, event):
+        with self._lock:
+            self.events.append(event)
+
+    def of(self, kind):
+        with self._lock:
+            return [e for e in self.events if isinstance(e, kind)]
+
+
+@pytest.fixture
+def served(runtime_dir):
+    """A served training loop (until stopped) and its agent entry."""
+    proc = start([str(SCRIPTS / "served_train.py"), "--sleep", "0.02"])
+    try:
+        yield proc, wait_for_agent(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+
+def test_served_script_streams_samples_steps_and_censuses(served, runtime_dir):
+    proc, entry = served
+    # The entry and the socket are private to the user.
+    assert stat.S_IMODE(runtime_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((runtime_dir / f"agent-{proc.pid}.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(entry.address).st_mode) == 0o600
+    assert entry.argv[0].endswith("served_train.py") and entry.torch
+
+    session = Session()
+    seen = Recorder(session)
+    remote = RemoteSource(session, entry)
+    try:
+        remote.connect()
+        assert "cpu" in remote.capacity() and remote.has_accelerator is False
+        wait_until(lambda: session.steps.steps >= 15, what="15 steps from the agent")
+        assert session.run_started is not None and session.run_started.mode == "served"
+        assert "cpu/rss" in session.series
+        wait_until(
+            lambda: any(
+                m.kind is MarkerKind.USER and m.label.startswith("every ten")
+                for m in seen.of(Marker)
+            ),
+            what="the script's own torchmem.mark()",
+        )
+
+        remote.command("census")
+        wait_until(lambda: seen.of(CensusTaken), what="a census event")
+        census = seen.of(CensusTaken)[-1].census
+        names = {t.name for t in census.tensors()}
+        assert "served_buffer" in names, "script variables name tensors of an attached run"
+        assert any(n.endswith(".weight") for n in names)
+        assert any("Adam.state[" in n for n in names)
+        assert census.total_bytes("cpu") >= 256 * 1024 * 4
+
+        remote.command("gc_collect")
+        wait_until(lambda: any(c.command == "gc_collect" for c in seen.of(CommandResult)))
+        assert next(c for c in seen.of(CommandResult) if c.command == "gc_collect").ok
+
+        remote.mark("from the viewer")
+        wait_until(lambda: any(m.label == "from the viewer" for m in seen.of(Marker)))
+
+        chain = remote.referrers(next(t for t in census.tensors() if t.name == "served_buffer"))
+        assert chain["alive"] and any("served_buffer" in line for line in chain["chain"])
+
+        remote.command("stop")
+        wait_until(lambda: session.run_finished is not None, what="the run's end")
+        assert session.run_finished.status is RunStatus.STOPPED
+        assert "stopped by the user" in session.run_finished.message
+        proc.wait(timeout=30)
+    finally:
+        remote.close()
+    wait_until(lambda: find_agent(proc.pid) is None, what="the entry to go")
+    assert not (runtime_dir / f"agent-{proc.pid}.json").exists(), "the agent cleans up on exit"
+
+
+def test_viewer_disconnects_and_a_late_viewer_gets_the_history(served):
+    proc, entry = served
+    first = Session()
+    remote = RemoteSource(first, entry)
+    remote.connect()
+    wait_until(lambda: first.steps.steps >= 5)
+    remote.close()
+    assert remote.end_reason == "closed"
+    steps_at_leave = first.steps.steps
+    time.sleep(0.3)  # training goes on without a viewer
+
+    second = Session()
+    again = RemoteSource(second, entry)
+    try:
+        again.connect()
+        wait_until(lambda: second.steps.steps > steps_at_leave + 3, what="steps after rejoin")
+        times, _ = second.arrays("cpu/rss")
+        # The replay starts where the agent started: earlier than the reconnect itself.
+        assert times[0] < second.now() - 0.5
+        assert second.run_started is not None
+    finally:
+        again.close()
+    assert proc.poll() is None, "viewers leaving never stops training"
+
+
+def test_kill_9_while_attached_is_an_exit_and_the_stale_entry_goes(served, runtime_dir):
+    proc, entry = served
+    session = Session()
+    remote = RemoteSource(session, entry)
+    try:
+        remote.connect()
+        wait_until(lambda: session.samples > 3)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert remote.ended.wait(10), "the viewer notices the dead process"
+        assert session.run_finished is not None
+        assert session.run_finished.status is RunStatus.FAILED
+        assert f"process {proc.pid} ended while attached" in session.run_finished.message
+    finally:
+        remote.close()
+    assert (runtime_dir / f"agent-{proc.pid}.json").exists(), "kill -9 leaves the entry behind"
+    assert all(e.pid != proc.pid for e in list_agents()), "listing ignores it"
+    assert not (runtime_dir / f"agent-{proc.pid}.json").exists(), "and removes it"
+    with pytest.raises(AttachError, match=r"gone|refused"):
+        RemoteSource(Session(), entry).connect()
+
+
+def test_a_script_that_raises_reports_its_traceback_to_the_viewer(runtime_dir):
+    proc = start([str(SCRIPTS / "served_train.py"), "--fail-at", "40", "--sleep", "0.05"])
+    session = Session()
+    remote = RemoteSource(session, wait_for_agent(proc))
+    try:
+        remote.connect()
+        wait_until(lambda: session.run_finished is not None, what="the failure")
+        finished = session.run_finished
+        assert finished.status is RunStatus.FAILED
+        assert "RuntimeError: failed on purpose at step 40" in finished.message + finished.traceback
+        assert "served_train.py" in finished.traceback
+    finally:
+        remote.close()
+        proc.wait(timeout=30)
+        proc.communicate()
+    assert proc.returncode == 1
+
+
+def test_torchmem_run_attachable_streams_logs_and_the_exit_code(runtime_dir):
+    proc = start(
+        ["-m", "torchmem", "run", "--attachable", str(SCRIPTS / "served_train.py"),
+         "--steps", "60", "--sleep", "0.03"]
+    )  # fmt: skip
+    session = Session()
+    remote = RemoteSource(session, wait_for_agent(proc))
+    try:
+        remote.connect()
+        wait_until(lambda: session.run_finished is not None, what="the run's end")
+        assert session.run_finished.status is RunStatus.FINISHED
+        assert session.run_finished.exit_code == 0
+        assert session.steps.steps == 60
+        assert any("finished 60 steps" in r.text for r in session.logs), "stdout is forwarded"
+        assert session.run_started.mode == "thread"
+    finally:
+        remote.close()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"attachable as pid {proc.pid}" in err
+    assert "finished 60 steps" in out, "the terminal still gets the output"
+
+
+def test_cli_ps_and_attach_summary(served, tmp_path):
+    proc, _ = served
+    ps = subprocess.run(
+        [sys.executable, "-m", "torchmem", "ps", "--json"], capture_output=True, text=True
+    )
+    assert ps.returncode == 0, ps.stderr
+    rows = {r["pid"]: r for r in json.loads(ps.stdout)}
+    assert rows[proc.pid]["attachable"] is True
+    assert "token" not in json.dumps(rows[proc.pid]), "ps never prints a token"
+    text = subprocess.run(
+        [sys.executable, "-m", "torchmem", "ps"], capture_output=True, text=True
+    ).stdout
+    assert str(proc.pid) in text and "served_train.py" in text
+
+    out = tmp_path / "attach.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "torchmem", "attach", "--duration", "1.5", "--summary",
+         str(out), str(proc.pid)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["pid"] == proc.pid and data["injected"] is False
+    assert data["samples"] >= 10 and data["peak_bytes"]["cpu_rss"] > 50 << 20
+    assert data["ranks"] == [{"pid": proc.pid, "rank": None, "world_size": None, "ended": False}]
+
+
+def test_cli_attach_to_a_process_without_agent_watches_it_from_outside(tmp_path, runtime_dir):
+    proc = start(["-c", "import time, torch; x = torch.ones(1 << 22); time.sleep(30)"])
+    try:
+        wait_until(lambda: _rss(proc.pid) > 80 << 20, what="the child to load torch")
+        out = tmp_path / "plain.json"
+        result = subprocess.run(
+            [sys.executable, "-m", "torchmem", "attach", "--duration", "1", "--summary",
+             str(out), str(proc.pid)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "from outside" in result.stderr
+        data = json.loads(out.read_text())
+        assert data["attached"] == "process" and data["ranks"] == []
+        assert data["samples"] >= 5 and data["peak_bytes"]["cpu_rss"] > 80 << 20
+        ps = subprocess.run(
+            [sys.executable, "-m", "torchmem", "ps", "--json"], capture_output=True, text=True
+        )
+        rows = {r["pid"]: r for r in json.loads(ps.stdout)}
+        assert rows[proc.pid]["attachable"] is False, "plain torch processes are listed too"
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_cli_attach_to_a_missing_pid_says_so():
+    result = subprocess.run(
+        [sys.executable, "-m", "torchmem", "attach", "--duration", "1", "999999999"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "no process with pid 999999999" in result.stderr
+
+
+def _rss(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return 0
