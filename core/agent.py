@@ -38,6 +38,7 @@ from .events import Event, Marker, MarkerKind, RunFinished, RunStarted, RunStatu
 from .protocol import (
     MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
+    FrameError,
     FrameReader,
     ProtocolError,
     encode,
@@ -163,6 +164,8 @@ class Agent:
         self._unsubscribe: Callable[[], None] | None = None
         self.frames_in = 0
         self.errors = 0
+        #: Set when the first viewer subscribes (``torchmem run --wait-attach``).
+        self.first_viewer = threading.Event()
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> AgentEntry:
@@ -358,19 +361,30 @@ class Agent:
             return
         if viewer.closing:  # refused: what it still sends is read and ignored
             return
-        try:
-            for message in viewer.reader.feed(data):
-                self.frames_in += 1
-                self._handle(viewer, message)
-                if viewer.closing:
-                    break
-        except ProtocolError as exc:
-            self.errors += 1
-            self._refuse(viewer, str(exc))
+        while True:
+            try:
+                for message in viewer.reader.feed(data):
+                    data = b""
+                    self.frames_in += 1
+                    self._handle(viewer, message)
+                    if viewer.closing:
+                        return
+                return
+            except FrameError as exc:  # one bad frame; the stream is still in step
+                data = b""
+                self.errors += 1
+                if not viewer.authed:
+                    self._refuse(viewer, str(exc))
+                    return
+                viewer.queue(encode({"type": "error", "message": str(exc), "fatal": False}))
+            except ProtocolError as exc:  # the stream itself is lost
+                self.errors += 1
+                self._refuse(viewer, str(exc))
+                return
 
     def _refuse(self, viewer: _Viewer, message: str) -> None:
         """Answer with an error, then close once it is sent."""
-        viewer.queue(encode({"type": "error", "message": message}))
+        viewer.queue(encode({"type": "error", "message": message, "fatal": True}))
         viewer.closing = True
 
     def _handle(self, viewer: _Viewer, message: dict[str, Any]) -> None:
@@ -408,10 +422,16 @@ class Agent:
             )
             return
         if kind != "request":
-            raise ProtocolError(f"unexpected frame type {kind!r}")
-        rid = field(message, "id", int)
-        name = field(message, "name", str)
-        args = field(message, "args", dict, {})
+            raise FrameError(f"unexpected frame type {kind!r}")
+        rid = message.get("id")
+        if not isinstance(rid, int) or isinstance(rid, bool):
+            raise FrameError("a request needs an integer 'id'")
+        try:
+            name = field(message, "name", str)
+            args = field(message, "args", dict, {})
+        except ProtocolError as exc:
+            viewer.queue(_reply(rid, False, error=str(exc)))
+            return
         if name in INLINE_REQUESTS:
             self._inline(viewer, rid, name, args)
         elif name in SLOW_REQUESTS:
@@ -427,6 +447,7 @@ class Agent:
             if not viewer.subscribed:
                 viewer.subscribed = True
                 self._subscribers += 1
+                self.first_viewer.set()
                 replay = self._replay()
                 viewer.queue(_reply(rid, True, {"replayed": len(replay)}))
                 for chunk in _chunks(replay, 2000):
@@ -461,6 +482,8 @@ class Agent:
             "running": source.running,
             "now": self.session.now(),
             "viewers": self.viewers,
+            "frames_in": self.frames_in,
+            "protocol_errors": self.errors,
         }
 
     def _replay(self) -> list[Event]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ import psutil
 from .backends import process_backends
 from .client import AttachError
 from .discovery import AgentEntry, list_agents
-from .events import LogRecord, RunFinished, RunStarted, RunStatus, Stream
+from .events import CommandResult, LogRecord, RunFinished, RunStarted, RunStatus, Stream
 from .remote import RemoteSource
 from .sampler import Sampler
 from .session import Session
@@ -200,6 +201,144 @@ class ProcessWatchSource:
         self.sampler.stop()
 
 
+class AttachedRun:
+    """Everything attached for one pid: its agent, the agents of its ranks, or a watch.
+
+    The window and ``torchmem attach`` use it alike: :meth:`connect`, then
+    :meth:`follow` until the processes end or :meth:`detach` is called. Commands go to
+    every attached agent; their results come back as events of the Session.
+    """
+
+    def __init__(self, session: Session, pid: int, hz: float = 10.0) -> None:
+        self.session = session
+        self.pid = pid
+        self.hz = hz
+        self.remotes: list[RemoteSource] = []
+        self.watch: ProcessWatchSource | None = None
+        self._detach = threading.Event()
+
+    def connect(self) -> None:
+        """Attach to the agents of ``pid`` (or its ranks), else watch it from outside.
+
+        Raises :class:`AttachError` when nothing can be attached, saying why.
+        """
+        entries = agents_for(self.pid)
+        if not entries:
+            self.watch = ProcessWatchSource(self.session, self.pid, self.hz)
+            self.watch.start()
+            return
+        multi = len(entries) > 1
+        errors = []
+        for entry in entries:
+            prefix = ""
+            if multi:
+                prefix = f"rank{entry.rank}/" if entry.rank is not None else f"pid{entry.pid}/"
+            remote = RemoteSource(self.session, entry, prefix)
+            try:
+                remote.connect()
+            except AttachError as exc:
+                errors.append(str(exc))
+                continue
+            self.remotes.append(remote)
+        if not self.remotes:
+            raise AttachError("; ".join(errors))
+        for error in errors:  # some ranks attached, others not: say which
+            self.session.submit(LogRecord(self.session.now(), Stream.TORCHMEM, error))
+
+    @property
+    def label(self) -> str:
+        """What is attached, for titles and status lines."""
+        if self.watch is not None:
+            return f"pid {self.pid} (from outside)"
+        if len(self.remotes) == 1:
+            return f"pid {self.remotes[0].pid}"
+        return f"pid {self.pid}: " + ", ".join(r.label for r in self.remotes)
+
+    @property
+    def ended(self) -> bool:
+        """True once every attached process has ended (or the watch saw its exit)."""
+        if self.watch is not None:
+            return not self.watch.check()
+        return all(r.ended.is_set() for r in self.remotes)
+
+    def follow(self, duration: float | None = None) -> None:
+        """Block until the processes end, :meth:`detach` is called, or ``duration`` passes."""
+        deadline = time.monotonic() + duration if duration else None
+        while not self._detach.is_set() and not self.ended:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            self._detach.wait(0.05)
+        self.close()
+
+    def detach(self) -> None:
+        """Stop following (from any thread); the processes carry on."""
+        self._detach.set()
+
+    def close(self) -> None:
+        """Close every connection and the watch."""
+        for remote in self.remotes:
+            remote.close()
+        if self.watch is not None:
+            self.watch.close()
+
+    # -- what the window asks of a source ----------------------------------------------------
+    @property
+    def has_agent(self) -> bool:
+        """True when attached through agents (commands, censuses, stop are available)."""
+        return bool(self.remotes)
+
+    @property
+    def has_accelerator(self) -> bool:
+        """True when an attached process uses an accelerator."""
+        return any(r.has_accelerator for r in self.remotes)
+
+    def capacity(self) -> dict[str, int]:
+        """Total memory per device of the attached processes."""
+        caps: dict[str, int] = {}
+        for remote in self.remotes:
+            caps.update(remote.capacity())
+        if self.watch is not None:
+            caps.update(self.watch.capacity())
+        return caps
+
+    def command(self, name: str) -> None:
+        """Run a command in every attached process (results arrive as events)."""
+        if not self.remotes:
+            self.session.submit(
+                CommandResult(
+                    self.session.now(),
+                    name,
+                    False,
+                    f"process {self.pid} has no agent: commands need torchmem.serve() in the "
+                    "script, or a launch through `torchmem run --attachable`",
+                )
+            )
+            return
+        for remote in self.remotes:
+            if not remote.ended.is_set():
+                remote.command(name)
+
+    def request_stop(self, grace_s: float = 2.0) -> None:
+        """Ask every attached script to stop at its next step."""
+        self.command("stop")
+
+    def set_rate(self, hz: float) -> None:
+        """Change the sampling rate of every agent (or of the watch)."""
+        for remote in self.remotes:
+            remote.set_rate(hz)
+        if self.watch is not None:
+            self.watch.sampler.set_rate(hz)
+
+    def referrers(self, tensor: Any) -> dict[str, Any]:
+        """What keeps ``tensor`` (from a census of an attached process) alive."""
+        result: dict[str, Any] = {"alive": False, "chain": []}
+        for remote in self.remotes:  # a census does not say which rank took it: ask each
+            result = remote.referrers(tensor)
+            if result.get("alive"):
+                break
+        return result
+
+
 def attach_headless(
     pid: int,
     duration: float | None = None,
@@ -210,59 +349,27 @@ def attach_headless(
     """``torchmem attach``: collect for ``duration`` seconds (or until the process ends)
     and optionally write ``{"pid", "injected", "samples", "peak_bytes", "ranks"}``."""
     session = Session()
-    entries = agents_for(pid)
-    remotes: list[RemoteSource] = []
-    watch: ProcessWatchSource | None = None
-    if entries:
-        multi = len(entries) > 1
-        for entry in entries:
-            prefix = f"rank{entry.rank}/" if multi and entry.rank is not None else ""
-            if multi and not prefix:
-                prefix = f"pid{entry.pid}/"
-            remote = RemoteSource(session, entry, prefix)
-            try:
-                remote.connect()
-            except AttachError as exc:
-                sys.stderr.write(f"torchmem: {exc}\n")
-                continue
-            remotes.append(remote)
-        if not remotes:
-            return 1
-    else:
-        try:
-            watch = ProcessWatchSource(session, pid, hz)
-        except AttachError as exc:
-            sys.stderr.write(f"torchmem: {exc}\n")
-            return 1
-        watch.start()
+    run = AttachedRun(session, pid, hz)
+    try:
+        run.connect()
+    except AttachError as exc:
+        sys.stderr.write(f"torchmem: {exc}\n")
+        return 1
     if not quiet:
-        what = (
-            ", ".join(r.label for r in remotes) if remotes else "from outside (no agent: RSS, GPU)"
-        )
+        what = run.label if run.remotes else "from outside: no agent, so RSS and GPU memory only"
         sys.stderr.write(
             f"torchmem: attached to {pid} ({what})"
             + (f" for {duration:g} s" if duration else " until it ends (Ctrl+C to detach)")
             + "\n"
         )
-    deadline = time.monotonic() + duration if duration else None
     try:
-        while deadline is None or time.monotonic() < deadline:
-            if remotes and all(r.ended.is_set() for r in remotes):
-                break
-            if watch is not None and not watch.check():
-                break
-            time.sleep(0.05)
+        run.follow(duration)
     except KeyboardInterrupt:
-        pass
-    finally:
-        for remote in remotes:
-            remote.close()
-        if watch is not None:
-            watch.close()
+        run.close()
     data = {
         "pid": pid,
         "injected": False,
-        "attached": "agent" if remotes else "process",
+        "attached": "agent" if run.remotes else "process",
         "samples": session.samples,
         "peak_bytes": {k: int(v) for k, v in session.peak_bytes().items()},
         "ranks": [
@@ -272,7 +379,7 @@ def attach_headless(
                 "world_size": r.entry.world_size,
                 "ended": r.end_reason not in ("", "closed"),
             }
-            for r in remotes
+            for r in run.remotes
         ],
         "steps": session.steps.steps,
         "alerts": [a.to_json() for a in session.alert_list()],

@@ -43,10 +43,18 @@ def gui_parser() -> argparse.ArgumentParser:
         description="Live monitor for PyTorch memory. Opens a window and runs SCRIPT in it. "
         "Headless: 'torchmem run --help'.",
         epilog="Examples: torchmem train.py --lr 0.1 | torchmem --demo --leak | "
-        "torchmem run --summary out.json train.py",
+        "torchmem run --summary out.json train.py | torchmem --attach 4242",
     )
     p.add_argument("--version", action="version", version=f"torchmem {__version__}")
     p.add_argument("--demo", action="store_true", help="run the bundled demo training script")
+    p.add_argument(
+        "--attach", type=int, metavar="PID", help="show a running process (see `torchmem ps`)"
+    )
+    p.add_argument(
+        "--isolated",
+        action="store_true",
+        help="run the script in a child process (for signals, DataLoader workers, crashes)",
+    )
     _common(p)
     p.add_argument("--screenshot", metavar="PNG", help=argparse.SUPPRESS)
     p.add_argument("--screenshot-after", type=int, default=20, help=argparse.SUPPRESS)
@@ -78,6 +86,14 @@ def run_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="(implies --attachable) serve on TCP instead of a private Unix socket; anything "
         "but 127.0.0.1 is reachable from other machines: prefer SSH socket forwarding",
+    )
+    p.add_argument(
+        "--wait-attach",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="(implies --attachable) wait up to S seconds for a viewer before starting the "
+        "script, so that nothing of a short run is missed",
     )
     _common(p)
     p.add_argument("script", help="the Python script to run")
@@ -178,8 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             opts.cwd,
             opts.quiet,
             opts.fail_on_leak,
-            attachable=opts.attachable,
+            attachable=opts.attachable or opts.wait_attach > 0,
             listen=opts.listen,
+            wait_attach=opts.wait_attach,
         )
 
     demo_args: list[str] = []
@@ -192,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if opts.script:
             gui_parser().error("give either --demo or a script, not both")
         opts.args = demo_args
+    if opts.attach is not None and (opts.script or opts.demo):
+        gui_parser().error("give either --attach PID or a script, not both")
     # Imported by name so that `import torchmem` (and `torchmem run`) never loads Qt.
     app = importlib.import_module("torchmem.gui.app")
     return app.main(opts)

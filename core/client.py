@@ -195,7 +195,7 @@ class AgentClient:
                 raise ProtocolError("malformed events frame")
             self.dropped += dropped
             self.on_events(events, dropped)
-        elif kind == "error":
+        elif kind == "error" and message.get("fatal") is not False:
             raise ProtocolError(str(message.get("message")))
 
     def _finish(self, reason: str) -> None:

@@ -54,6 +54,7 @@ def run_headless(
     fail_on_leak: bool = False,
     attachable: bool = False,
     listen: str | None = None,
+    wait_attach: float = 0.0,
 ) -> int:
     """Run ``script`` with monitoring; return its exit code (130 when interrupted).
 
@@ -77,6 +78,10 @@ def run_headless(
             sys.stderr.write(
                 f"torchmem: attachable as pid {entry.pid} "
                 f"(torchmem attach {entry.pid}, or the window's Attach dialog)\n"
+            )
+        if wait_attach > 0 and not agent.first_viewer.wait(wait_attach):
+            sys.stderr.write(
+                f"torchmem: no viewer attached within {wait_attach:g} s; running anyway\n"
             )
     try:
         result = source.run_script(script, args, cwd=cwd, capture_output=agent is not None)

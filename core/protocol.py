@@ -37,6 +37,10 @@ class ProtocolError(Exception):
     """A frame that breaks the protocol (too large, not msgpack, not a typed map)."""
 
 
+class FrameError(ProtocolError):
+    """One bad frame in a stream that is still in step: the frames after it can be read."""
+
+
 def encode(message: dict[str, Any]) -> bytes:
     """One frame: the length prefix and the msgpack body of ``message``."""
     body = msgpack.packb(message, use_bin_type=True)
@@ -50,9 +54,9 @@ def decode_body(body: bytes) -> dict[str, Any]:
         # from len(body), so a header that claims 4 billion items fails at once.
         message = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError(f"undecodable frame: {type(exc).__name__}") from None
+        raise FrameError(f"undecodable frame: {type(exc).__name__}") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-        raise ProtocolError("a frame must be a map with a string 'type'")
+        raise FrameError("a frame must be a map with a string 'type'")
     return message
 
 
@@ -68,7 +72,11 @@ class FrameReader:
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
-        """Add received bytes; yield every complete frame they finish."""
+        """Add received bytes; yield every complete frame they finish.
+
+        A :class:`FrameError` leaves the reader past the bad frame: ``feed(b"")`` goes on
+        with the frames after it. Any other :class:`ProtocolError` means the stream is lost.
+        """
         self._buf += data
         while len(self._buf) >= HEADER_BYTES:
             (size,) = _HEADER.unpack_from(self._buf)

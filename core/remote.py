@@ -26,8 +26,11 @@ from .wire import event_from_wire
 class RemoteSource:
     """Events of one agent, submitted to ``session`` (series renamed with ``prefix``)."""
 
-    def __init__(self, session: Session, entry: AgentEntry, prefix: str = "") -> None:
+    def __init__(
+        self, session: Session, entry: AgentEntry, prefix: str = "", report_end: bool = True
+    ) -> None:
         self.session = session
+        self.report_end = report_end
         self.entry = entry
         self.prefix = prefix
         self.info: dict[str, Any] = {}
@@ -37,6 +40,11 @@ class RemoteSource:
         self.bad_frames = 0
         self._client = AgentClient(entry, self._on_events, self._on_closed)
         self._run_finished = False
+
+    @property
+    def run_finished_seen(self) -> bool:
+        """True once the agent reported how its run ended."""
+        return self._run_finished
 
     @property
     def pid(self) -> int:
@@ -172,6 +180,9 @@ class RemoteSource:
     def _on_closed(self, reason: str) -> None:
         self.end_reason = reason
         if reason == "closed":  # we closed it ourselves
+            self.ended.set()
+            return
+        if not self.report_end:  # the owner of the process reports its end
             self.ended.set()
             return
         now = self.session.now()

@@ -29,15 +29,15 @@ EXIT_STOPPED = 130  # what a shell reports for a run ended by Ctrl+C
 
 SIGNAL_HINT = (
     "The script calls signal.signal(), which Python allows only in the main thread, and the "
-    "torchmem window runs scripts in a background thread. Run it headless in the main "
-    "thread instead: `torchmem run SCRIPT ARGS` (isolated runs from the window come with the "
-    "attach feature)."
+    "torchmem window runs scripts in a background thread. Turn on Run > Run in a separate "
+    "process (or start `torchmem --isolated SCRIPT`), or run it headless: `torchmem run "
+    "SCRIPT ARGS`."
 )
 
 WORKERS_HINT = (
     "A DataLoader worker process failed. Worker processes started from a background thread "
-    "can fail with the 'spawn' or 'forkserver' start methods: try `torchmem run SCRIPT`, or "
-    "num_workers=0 while monitoring from the window."
+    "can fail with the 'spawn' or 'forkserver' start methods: turn on Run > Run in a separate "
+    "process, or try `torchmem run SCRIPT`."
 )
 
 

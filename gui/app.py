@@ -66,7 +66,11 @@ def main(opts: argparse.Namespace) -> int:
     window = MainWindow(source)
     window.show()
     script = str(demo_script()) if opts.demo else opts.script
-    if script:
+    if getattr(opts, "isolated", False):
+        window.act_isolated.setChecked(True)
+    if getattr(opts, "attach", None) is not None:
+        window.attach(opts.attach)
+    elif script:
         window.load_script(script, list(opts.args), run=True, cwd=opts.cwd)
     if opts.screenshot:
         screenshot_when_drawn(window, opts.screenshot, opts.screenshot_after)

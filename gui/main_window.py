@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from torchmem import __version__
+from torchmem.attach import AttachedRun
 from torchmem.events import (
     Alert,
     CensusTaken,
@@ -34,6 +36,7 @@ from torchmem.events import (
     RunStatus,
     Stream,
 )
+from torchmem.isolated import IsolatedSource
 from torchmem.resources import path as resource_path
 from torchmem.runner import ScriptError, validate_script
 from torchmem.sampler import MAX_HZ, MIN_HZ
@@ -50,7 +53,7 @@ from .readings import ReadingsTable
 from .tensor_panel import TensorPanel
 from .theme import THEMES, apply_theme
 from .trace_plot import TracePlot
-from .workers import CommandWorker, ScriptWorker, start_in_thread, wait_thread
+from .workers import AttachWorker, CommandWorker, ScriptWorker, start_in_thread, wait_thread
 
 WINDOWS = (("30 s", 30.0), ("2 min", 120.0), ("10 min", 600.0), ("1 h", 3600.0), ("All", None))
 UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
@@ -78,6 +81,11 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings()
         self.session = source.session if source else Session()
         self.source = source or InProcessSource(self.session)
+        self.isolated = IsolatedSource(self.session, self.source.sampler.hz)
+        #: Where commands, stop and the rate go now: the in-process source, the isolated
+        #: one while it runs a script, or the attached processes.
+        self.target: Any = self.source
+        self.attached: AttachedRun | None = None
         self.bridge = SessionBridge(self.session, self)
         self.script: str | None = None
         self.script_args: list[str] = []
@@ -85,7 +93,7 @@ class MainWindow(QMainWindow):
         self.last_result: RunFinished | None = None
         self.force_exit_needed = False
         self._script_thread: QThread | None = None
-        self._script_worker: ScriptWorker | None = None
+        self._script_worker: ScriptWorker | AttachWorker | None = None
         self._runs = 0
         self._stopping = False
         self._rerun_pending = False
@@ -195,6 +203,28 @@ class MainWindow(QMainWindow):
         )
         self.act_rerun = a("R&e-run", self.rerun, "Ctrl+R", "Stop if running, then run again")
         self.act_quit = a("&Quit", self.close, "Ctrl+Q", "Stop the script and quit")
+        self.act_isolated = a(
+            "Run in a separate &process",
+            self._toggle_isolated,
+            None,
+            "Run scripts as `torchmem run` in a child process and attach to it: for scripts "
+            "that use signals, spawn DataLoader workers or need allocator settings; a crash "
+            "there never takes the window",
+            checkable=True,
+        )
+        self.act_attach = a(
+            "&Attach to a process…",
+            self.open_attach_dialog,
+            "Ctrl+Shift+A",
+            "Show a running process: one with torchmem.serve() or started by `torchmem run "
+            "--attachable` (everything), or any torch process (RSS and GPU memory)",
+        )
+        self.act_detach = a(
+            "&Detach",
+            self.detach,
+            "Ctrl+Shift+D",
+            "Stop showing the attached process; it carries on",
+        )
         self.act_gc = a(
             "gc.collect()",
             lambda: self.run_command("gc_collect"),
@@ -257,6 +287,7 @@ class MainWindow(QMainWindow):
         tb.addAction(self.act_run)
         tb.addAction(self.act_stop)
         tb.addAction(self.act_rerun)
+        tb.addAction(self.act_attach)
         self.args_edit = QLineEdit()
         self.args_edit.setPlaceholderText("script arguments, e.g. --lr 0.1")
         self.args_edit.setToolTip("Arguments passed to the script on the next Run (shell quoting)")
@@ -296,6 +327,10 @@ class MainWindow(QMainWindow):
         m = mb.addMenu("&Run")
         for act in (self.act_run, self.act_stop, self.act_rerun):
             m.addAction(act)
+        m.addAction(self.act_isolated)
+        m.addSeparator()
+        m.addAction(self.act_attach)
+        m.addAction(self.act_detach)
         m = mb.addMenu("&Memory")
         for act in (self.act_gc, self.act_empty, self.act_reset):
             m.addAction(act)
@@ -334,13 +369,13 @@ class MainWindow(QMainWindow):
         self.rate_spin.setSuffix(" Hz")
         self.rate_spin.setValue(int(round(self.source.sampler.hz)))
         self.rate_spin.setToolTip("Sampling rate (1-100 Hz). Counters only: no device sync.")
-        self.rate_spin.valueChanged.connect(self.source.sampler.set_rate)
+        self.rate_spin.valueChanged.connect(self._set_rate)
         sb.addPermanentWidget(self.run_label)
         sb.addPermanentWidget(self.samples_label)
         sb.addPermanentWidget(self.rate_spin)
 
     def _start_command_thread(self) -> None:
-        self._command_worker = CommandWorker(self.source)
+        self._command_worker = CommandWorker(lambda: self.target)
         self._command_thread = start_in_thread(self._command_worker, "torchmem-commands")
         self.command_requested.connect(self._command_worker.run)
 
@@ -369,6 +404,7 @@ class MainWindow(QMainWindow):
         self.window_combo.setCurrentIndex(idx if idx >= 0 else 1)
         self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
         self.source.leaks.settings = load_leak_settings(s)
+        self.act_isolated.setChecked(s.value("run/isolated", False) in (True, "true"))
         auto = s.value("census/auto", True)
         self.tensors.auto_check.setChecked(auto not in (False, "false"))
         theme = s.value("view/theme", "system")
@@ -468,6 +504,9 @@ class MainWindow(QMainWindow):
     def run(self) -> bool:
         """Run the current script in a background QThread (no-op while one runs)."""
         if self.running or not self.script:
+            if self.attached is not None:
+                self.show_error("Detach (Ctrl+Shift+D) before running a script.", "info")
+                return False
             if not self.script:
                 self.show_error("No script to run: open one (Ctrl+O) or the demo.", "info")
             return False
@@ -483,17 +522,10 @@ class MainWindow(QMainWindow):
             return False
         self.banner.hide()
         self._runs += 1
-        self.session.reset()
-        self.plot.clear_data()
-        self.readings.clear_rows()
-        self.tensors.clear()
-        self.breakdown.refresh(force=True)
-        self.alerts.refresh()
-        self._update_alert_badge()
-        if self._runs > 1:
-            self.log.append_records([LogRecord(0, Stream.TORCHMEM, "─" * 60)])
-        self.last_result = None
-        worker = ScriptWorker(self.source, self.script, self.script_args, self.cwd)
+        self._clear_views()
+        self.target = self.isolated if self.act_isolated.isChecked() else self.source
+        self.tensors.referrers = getattr(self.target, "referrers", None)
+        worker = ScriptWorker(self.target, self.script, self.script_args, self.cwd)
         self._script_worker = worker
         worker.finished.connect(self._on_worker_finished)
         self._script_thread = start_in_thread(
@@ -503,10 +535,31 @@ class MainWindow(QMainWindow):
         return True
 
     @Slot()
-    def stop(self) -> None:
-        """Ask the running script to stop at its next step (forced after 2 s)."""
+    def stop(self, confirm: bool = True) -> None:
+        """Ask the running script to stop at its next step (forced after 2 s).
+
+        An attached script was not started here: stopping it asks first.
+        """
         if self.running:
-            self.source.request_stop(grace_s=2.0)
+            if self.attached is not None:
+                if not self.attached.has_agent:
+                    self.show_error(
+                        "This process is watched from outside (no agent): torchmem cannot "
+                        "stop it. Detach with Ctrl+Shift+D.",
+                        "info",
+                    )
+                    return
+                if confirm and (
+                    QMessageBox.question(
+                        self,
+                        "Stop the attached script?",
+                        f"Stop {self.attached.label} at its next step? It was not started "
+                        "from this window.",
+                    )
+                    != QMessageBox.Yes
+                ):
+                    return
+            self.target.request_stop(grace_s=2.0)
             self._stopping = True
             self.run_label.setText("Stopping…")
             self.act_stop.setEnabled(False)
@@ -520,13 +573,94 @@ class MainWindow(QMainWindow):
         else:
             self.run()
 
+    # -- attaching ------------------------------------------------------------------------
+    def open_attach_dialog(self) -> None:
+        """Pick a running process and attach to it."""
+        from .attach_dialog import AttachDialog
+
+        dialog = AttachDialog(self)
+        if dialog.exec() and dialog.chosen_pid is not None:
+            self.attach(dialog.chosen_pid)
+
+    def attach(self, pid: int) -> bool:
+        """Show process ``pid`` (and its ranks) in this window, following it in a QThread."""
+        if self.running:
+            self.show_error("Stop the running script (Shift+F5) or detach before attaching.")
+            return False
+        self.banner.hide()
+        self._runs += 1
+        self._clear_views()
+        run = AttachedRun(self.session, pid, self.rate_spin.value())
+        self.attached = run
+        self.target = run
+        self.tensors.referrers = run.referrers
+        self.setWindowTitle(f"pid {pid} – torchmem")
+        self.run_label.setText(f"Attaching to {pid}…")
+        worker = AttachWorker(run)
+        self._script_worker = worker
+        worker.attached.connect(self._on_attached)
+        worker.failed.connect(self._on_attach_failed)
+        worker.finished.connect(self._on_worker_finished)
+        self._script_thread = start_in_thread(
+            worker, "torchmem-attach", worker.run, worker.finished
+        )
+        self._update_actions()
+        return True
+
+    @Slot(str)
+    def _on_attached(self, label: str) -> None:
+        run = self.attached
+        if run is None:
+            return
+        self.readings.capacity = run.capacity()
+        self.setWindowTitle(f"{label} – torchmem")
+        self.run_label.setText(f"● Attached to {label}")
+        self.statusBar().showMessage(f"Attached to {label}", 10000)
+        if not run.has_agent:
+            self.banner.show_message(
+                f"{label}: watched from outside, without an agent: RSS and GPU memory only "
+                "(GPU figures include the CUDA context and caches). For steps, tensors and "
+                "alerts, add torchmem.serve() to the script or start it with `torchmem run "
+                "--attachable`.",
+                "info",
+            )
+        self._update_actions()
+
+    @Slot(str)
+    def _on_attach_failed(self, message: str) -> None:
+        self.show_error(f"Cannot attach: {message}")
+
+    @Slot()
+    def detach(self) -> None:
+        """Stop following the attached process (it carries on)."""
+        if self.attached is not None:
+            self.attached.detach()
+            self.statusBar().showMessage("Detached", 5000)
+
+    def _clear_views(self) -> None:
+        self.session.reset()
+        self.plot.clear_data()
+        self.readings.clear_rows()
+        self.tensors.clear()
+        self.breakdown.refresh(force=True)
+        self.alerts.refresh()
+        self._update_alert_badge()
+        if self._runs > 1:
+            self.log.append_records([LogRecord(0, Stream.TORCHMEM, "─" * 60)])
+        self.last_result = None
+
     @Slot(object)
-    def _on_worker_finished(self, result: RunFinished) -> None:
+    def _on_worker_finished(self, result: RunFinished | None) -> None:
         thread = self._script_thread
         if thread is not None:
             wait_thread(thread, 5000)  # it quits by itself once the worker is done
         self._script_thread = None
         self._script_worker = None
+        if self.attached is not None:
+            if self.session.run_finished is None:
+                self.run_label.setText(f"Detached from {self.attached.label}")
+            self.attached = None
+        self.target = self.source
         self.bridge.flush()
         self._update_actions()
         self._stopping = False
@@ -543,8 +677,9 @@ class MainWindow(QMainWindow):
         self.samples_label.setText(f"{samples:,} samples")
         if self.running and self.session.run_finished is None:
             steps = self.session.steps.steps
+            what = f"Attached to {self.attached.label}" if self.attached else "Running"
             self.run_label.setText(
-                f"● Running · step {steps:,} · {self.session.now():.1f} s"
+                f"● {what} · step {steps:,} · {self.session.now():.1f} s"
                 if not self._stopping
                 else "Stopping…"
             )
@@ -585,7 +720,9 @@ class MainWindow(QMainWindow):
         self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, "\n".join(lines))])
         self.statusBar().showMessage(f"{text}: {event.message}", 30000)
         if event.status in (RunStatus.FAILED, RunStatus.OOM):
-            self.banner.show_message(f"{Path(self.script or '').name}: {event.message}", "error")
+            started = self.session.run_started
+            name = Path(started.script).name if started else Path(self.script or "").name
+            self.banner.show_message(f"{name}: {event.message}", "error")
         elif event.status is RunStatus.STOPPED:
             self.banner.show_message(f"Run {event.message}.", "info")
 
@@ -604,16 +741,19 @@ class MainWindow(QMainWindow):
         running = self.running
         self.act_run.setEnabled(not running and self.script is not None)
         self.act_stop.setEnabled(running)
-        self.act_rerun.setEnabled(self.script is not None)
-        has_acc = self.source.has_accelerator
+        self.act_rerun.setEnabled(self.script is not None and self.attached is None)
+        self.act_attach.setEnabled(not running)
+        self.act_detach.setEnabled(self.attached is not None)
+        self.act_isolated.setEnabled(not running)
+        has_acc = self.target.has_accelerator
         self.act_empty.setEnabled(has_acc)
         self.act_empty.setToolTip(
             "Return the accelerator allocator's unused cache to the device (Ctrl+E)"
             if has_acc
             else "No accelerator (CUDA, MPS, XPU) in this process: nothing to empty"
         )
-        if not running and self.script is None:
-            self.run_label.setText("No script: Ctrl+O to open one")
+        if not running and self.script is None and self.session.samples == 0:
+            self.run_label.setText("No script: Ctrl+O to open one, Ctrl+Shift+A to attach")
 
     # -- alerts ---------------------------------------------------------------------------
     def _on_alert(self, alert: Alert) -> None:
@@ -659,6 +799,23 @@ class MainWindow(QMainWindow):
         self.settings.setValue("census/auto", enabled)
 
     @Slot()
+    def _toggle_isolated(self) -> None:
+        self.settings.setValue("run/isolated", self.act_isolated.isChecked())
+        self.statusBar().showMessage(
+            "Next runs in a separate process"
+            if self.act_isolated.isChecked()
+            else "Next runs in this process (a background thread)",
+            5000,
+        )
+
+    @Slot(int)
+    def _set_rate(self, hz: int) -> None:
+        self.source.sampler.set_rate(hz)
+        self.isolated.set_rate(hz)
+        if self.attached is not None:
+            self.attached.set_rate(hz)
+
+    @Slot()
     def _toggle_x_mode(self) -> None:
         self.plot.set_x_mode("steps" if self.act_steps.isChecked() else "time")
 
@@ -700,7 +857,10 @@ class MainWindow(QMainWindow):
         """Stop the script and every thread; True when all ended within ``timeout_ms``."""
         clean = True
         if self._script_thread is not None:
-            self.source.request_stop(grace_s=1.0)
+            if self.attached is not None:
+                self.attached.detach()  # never stop a process we only watch
+            else:
+                self.target.request_stop(grace_s=1.0)
             thread = self._script_thread
             clean = wait_thread(thread, timeout_ms)
             if clean:
@@ -709,6 +869,7 @@ class MainWindow(QMainWindow):
         wait_thread(self._command_thread, 5000)
         self.bridge.close()
         self.source.close()
+        self.isolated.close()
         self.force_exit_needed = not clean
         return clean
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 from PySide6.QtCore import QModelIndex, Qt, Signal, Slot
 from PySide6.QtWidgets import (
@@ -40,6 +42,8 @@ class TensorPanel(QWidget):
 
     def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        #: Asks the process that owns the tensors what keeps one alive (None: this one).
+        self.referrers: Callable[[TensorInfo], dict[str, Any]] | None = None
         self.session = session
         self.model = TensorModel(self)
         self.proxy = TensorFilterProxy(self)
@@ -159,6 +163,7 @@ class TensorPanel(QWidget):
                 info.key if isinstance(info, StorageInfo) else info.storage_key
             ),
             self,
+            self.referrers,
         )
         dialog.show()
 
@@ -171,13 +176,14 @@ class TensorDetails(QDialog):
         info: StorageInfo | TensorInfo,
         storage: StorageInfo | None,
         parent: QWidget | None = None,
+        referrers: Callable[[TensorInfo], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle(f"Tensor: {info.name}")
         self.resize(640, 420)
         text = QPlainTextEdit()
         text.setReadOnly(True)
-        text.setPlainText(details_text(info, storage))
+        text.setPlainText(details_text(info, storage, referrers))
         buttons = QDialogButtonBox(QDialogButtonBox.Close)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
@@ -186,8 +192,16 @@ class TensorDetails(QDialog):
         self.text = text
 
 
-def details_text(info: StorageInfo | TensorInfo, storage: StorageInfo | None) -> str:
-    """The details shown for a storage or a tensor (plain text)."""
+def details_text(
+    info: StorageInfo | TensorInfo,
+    storage: StorageInfo | None,
+    referrers: Callable[[TensorInfo], dict[str, Any]] | None = None,
+) -> str:
+    """The details shown for a storage or a tensor (plain text).
+
+    ``referrers`` asks another process (an attached or isolated run) what keeps the
+    tensor alive; without it the tensor is looked up in this process.
+    """
     tensor = info.tensors[0] if isinstance(info, StorageInfo) and info.tensors else info
     lines = [f"Name: {info.name}"]
     if isinstance(tensor, TensorInfo):
@@ -211,6 +225,19 @@ def details_text(info: StorageInfo | TensorInfo, storage: StorageInfo | None) ->
             f"0x{storage.key[1]:x}, viewed by {len(storage.tensors)} tensor(s): "
             + ", ".join(t.name for t in storage.tensors[:8])
         )
+    if referrers is not None and isinstance(tensor, TensorInfo):
+        try:
+            answer = referrers(tensor)
+        except Exception as exc:  # a lost connection: say so in the dialog
+            lines.append(f"\nWhat keeps it alive: cannot ask the process ({exc}).")
+            return "\n".join(lines)
+        if not answer.get("alive"):
+            lines.append("\nWhat keeps it alive: it has been freed since the census.")
+        else:
+            lines.append("\nWhat keeps it alive (nearest first):")
+            chain = [str(hop) for hop in answer.get("chain", [])]
+            lines += [f"  ← {hop}" for hop in chain] or ["  (nothing found in Python objects)"]
+        return "\n".join(lines)
     alive = tensor.alive() if isinstance(tensor, TensorInfo) else None
     if alive is None:
         lines.append(

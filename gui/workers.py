@@ -8,20 +8,21 @@ and the window waits for the thread before it closes.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, SignalInstance, Slot
 
-from torchmem.source import InProcessSource
+from torchmem.attach import AttachedRun
+from torchmem.client import AttachError
 
 
 class ScriptWorker(QObject):
-    """Runs one script through the in-process source, in its own QThread."""
+    """Runs one script through a source (in this process or a child), in its own QThread."""
 
     finished = Signal(object)  # RunFinished
 
-    def __init__(
-        self, source: InProcessSource, script: str, args: list[str], cwd: str | None
-    ) -> None:
+    def __init__(self, source: Any, script: str, args: list[str], cwd: str | None) -> None:
         super().__init__()
         self.source = source
         self.script = script
@@ -35,17 +36,42 @@ class ScriptWorker(QObject):
         self.finished.emit(result)
 
 
+class AttachWorker(QObject):
+    """Attaches to a running process and follows it until it ends or the user detaches."""
+
+    attached = Signal(str)  # what is attached, for the status line
+    failed = Signal(str)  # why attaching failed (says what to do)
+    finished = Signal(object)  # always last
+
+    def __init__(self, run: AttachedRun) -> None:
+        super().__init__()
+        self.run_ = run
+
+    @Slot()
+    def run(self) -> None:
+        """Connect, then block (in this thread) until the attached processes end."""
+        try:
+            self.run_.connect()
+        except AttachError as exc:
+            self.failed.emit(str(exc))
+            self.finished.emit(None)
+            return
+        self.attached.emit(self.run_.label)
+        self.run_.follow()
+        self.finished.emit(None)
+
+
 class CommandWorker(QObject):
     """Runs gc.collect / empty_cache / reset peaks off the GUI thread, one at a time."""
 
-    def __init__(self, source: InProcessSource) -> None:
+    def __init__(self, target: Callable[[], Any]) -> None:
         super().__init__()
-        self.source = source
+        self.target = target  # the source commands go to now (local, isolated or attached)
 
     @Slot(str)
     def run(self, name: str) -> None:
         """Run one command; its result lands in the Session."""
-        self.source.command(name)
+        self.target().command(name)
 
 
 def start_in_thread(

@@ -123,3 +123,33 @@ def runtime_dir(monkeypatch):
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def settings_path(tmp_path):
+    return str(tmp_path / "settings.ini")
+
+
+@pytest.fixture
+def make_window(qtbot, settings_path):
+    """Windows with private settings and one process backend, closed after the test."""
+    windows = []
+
+    def make(backends=None):
+        from PySide6.QtCore import QSettings
+
+        from torchmem.backends import ProcessBackend
+        from torchmem.gui.main_window import MainWindow
+        from torchmem.session import Session
+        from torchmem.source import InProcessSource
+
+        source = InProcessSource(Session(), backends or [ProcessBackend()])
+        window = MainWindow(source, QSettings(settings_path, QSettings.IniFormat))
+        qtbot.addWidget(window)
+        window.show()
+        windows.append(window)
+        return window
+
+    yield make
+    for window in windows:
+        window.close()

@@ -6,41 +6,15 @@ import time
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication
 
 from torchmem.backends import ProcessBackend, TorchAllocatorBackend
 from torchmem.events import RunStatus, Sample
 from torchmem.gui.bridge import REDRAW_HZ
-from torchmem.gui.main_window import MainWindow
 from torchmem.gui.theme import apply_theme
 from torchmem.resources import demo_script
-from torchmem.session import Session
-from torchmem.source import InProcessSource
 
 RUN_TIMEOUT_MS = 120_000
-
-
-@pytest.fixture
-def settings_path(tmp_path):
-    return str(tmp_path / "settings.ini")
-
-
-@pytest.fixture
-def make_window(qtbot, settings_path):
-    windows = []
-
-    def make(backends=None):
-        source = InProcessSource(Session(), backends or [ProcessBackend()])
-        window = MainWindow(source, QSettings(settings_path, QSettings.IniFormat))
-        qtbot.addWidget(window)
-        window.show()
-        windows.append(window)
-        return window
-
-    yield make
-    for window in windows:
-        window.close()
 
 
 @pytest.fixture

@@ -1,0 +1,135 @@
+"""Attach, detach and isolated runs in the window, as a user drives them."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SCRIPTS
+from test_agent import start, wait_for_agent
+from test_gui import RUN_TIMEOUT_MS, finish, log_text
+
+from torchmem.events import RunStatus
+from torchmem.gui.attach_dialog import AttachDialog, ProcessModel
+
+
+@pytest.fixture
+def served_proc(runtime_dir):
+    proc = start([str(SCRIPTS / "served_train.py"), "--sleep", "0.02"])
+    wait_for_agent(proc)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate(timeout=30)
+
+
+def test_attach_shows_steps_and_censuses_then_stop_ends_the_run(qtbot, make_window, served_proc):
+    window = make_window()
+    assert window.attach(served_proc.pid)
+    qtbot.waitUntil(lambda: "Attached to pid" in window.run_label.text(), timeout=30_000)
+    qtbot.waitUntil(lambda: window.session.steps.steps >= 10, timeout=30_000)
+    assert window.act_detach.isEnabled() and not window.act_run.isEnabled()
+    assert "cpu/rss" in window.plot.curve_keys()
+    assert f"pid {served_proc.pid}" in window.windowTitle()
+
+    window.act_census.trigger()
+    qtbot.waitUntil(lambda: window.tensors.model.census is not None, timeout=30_000)
+    census = window.tensors.model.census
+    buffer = next(t for t in census.tensors() if t.name == "served_buffer")
+    from torchmem.gui.tensor_panel import details_text
+
+    text = details_text(buffer, census.storages[buffer.storage_key], window.tensors.referrers)
+    assert "What keeps it alive (nearest first)" in text and "served_buffer" in text
+
+    window.stop(confirm=False)
+    result = finish(qtbot, window)
+    assert result.status is RunStatus.STOPPED, log_text(window)
+    assert "Stopped" in window.run_label.text()
+    assert window.attached is None and window.target is window.source
+    served_proc.wait(timeout=30)
+
+
+def test_detach_leaves_the_process_running(qtbot, make_window, served_proc):
+    window = make_window()
+    window.attach(served_proc.pid)
+    qtbot.waitUntil(lambda: window.session.steps.steps >= 3, timeout=30_000)
+    window.act_detach.trigger()
+    qtbot.waitUntil(lambda: not window.running, timeout=10_000)
+    assert "Detached" in window.run_label.text()
+    assert served_proc.poll() is None, "detaching never stops the script"
+    assert window.act_attach.isEnabled() and window.act_run.isEnabled() is False  # no script
+
+
+def test_attach_without_agent_watches_from_outside_and_says_what_is_missing(
+    qtbot, make_window, runtime_dir
+):
+    proc = start(["-c", "import time, torch; time.sleep(60)"])
+    try:
+        window = make_window()
+        window.attach(proc.pid)
+        qtbot.waitUntil(lambda: window.banner.isVisible(), timeout=30_000)
+        assert "watched from outside" in window.banner.text()
+        qtbot.waitUntil(lambda: window.session.samples >= 3, timeout=30_000)
+        window.run_command("gc_collect")
+        qtbot.waitUntil(lambda: "has no agent" in log_text(window), timeout=10_000)
+        window.stop()  # cannot stop a process without an agent: it says so
+        assert "cannot stop it" in window.banner.text()
+        proc.kill()
+        proc.wait()
+        qtbot.waitUntil(lambda: not window.running, timeout=10_000)
+        assert f"process {proc.pid} exited" in log_text(window)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_attach_to_a_missing_pid_is_an_error_message(qtbot, make_window, runtime_dir):
+    window = make_window()
+    window.attach(999_999_999)
+    qtbot.waitUntil(lambda: not window.running, timeout=10_000)
+    assert "Cannot attach: no process with pid 999999999" in window.banner.text()
+
+
+def test_isolated_run_handles_signals_and_survives_a_segfault(
+    qtbot, make_window, script_path, runtime_dir
+):
+    window = make_window()
+    window.act_isolated.trigger()
+    assert window.settings.value("run/isolated") in (True, "true"), "remembered"
+    window.load_script(script_path("uses_signal.py"), [], run=True)
+    result = finish(qtbot, window)
+    assert result.status is RunStatus.FINISHED and result.exit_code == 0, log_text(window)
+    assert "installed a handler" in log_text(window), "the child's output reaches the log"
+
+    window.load_script(script_path("segfault.py"), [], run=True)
+    result = finish(qtbot, window)
+    assert result.status is RunStatus.FAILED
+    assert "killed by SIGSEGV" in result.message
+    assert "about to crash" in log_text(window)
+    assert window.isVisible(), "the window lives on"
+
+
+def test_isolated_run_stops_on_request(qtbot, make_window, script_path, runtime_dir):
+    window = make_window()
+    window.act_isolated.setChecked(True)
+    window.load_script(script_path("train_forever.py"), [], run=True)
+    qtbot.waitUntil(lambda: window.session.steps.steps >= 3, timeout=RUN_TIMEOUT_MS)
+    window.stop()
+    result = finish(qtbot, window)
+    assert result.status is RunStatus.STOPPED and result.exit_code == 130
+
+
+def test_attach_dialog_lists_agents(qtbot, served_proc, qtmodeltester):
+    dialog = AttachDialog()
+    qtbot.addWidget(dialog)
+    qtbot.waitUntil(
+        lambda: any(r.pid == served_proc.pid for r in dialog.model.rows), timeout=20_000
+    )
+    row = next(i for i, r in enumerate(dialog.model.rows) if r.pid == served_proc.pid)
+    model: ProcessModel = dialog.model
+    assert model.index(row, 1).data() == "yes"
+    assert "served_train.py" in model.index(row, 5).data()
+    qtmodeltester.check(model)
+    dialog.table.selectRow(row)
+    assert dialog.attach_button.isEnabled()
+    dialog.accept()
+    assert dialog.chosen_pid == served_proc.pid
