@@ -24,6 +24,7 @@ from .backends import process_backends
 from .client import AttachError
 from .discovery import AgentEntry, list_agents
 from .events import CommandResult, LogRecord, RunFinished, RunStarted, RunStatus, Stream
+from .rank_totals import RankTotals
 from .remote import RemoteSource
 from .sampler import Sampler
 from .session import Session
@@ -201,6 +202,11 @@ class ProcessWatchSource:
         self.sampler.stop()
 
 
+def _scope(entry: AgentEntry) -> str:
+    """How the series of one process of a job are prefixed: ``rank1``, or ``pid4242``."""
+    return f"rank{entry.rank}" if entry.rank is not None else f"pid{entry.pid}"
+
+
 class AttachedRun:
     """Everything attached for one pid: its agent, the agents of its ranks, or a watch.
 
@@ -209,12 +215,21 @@ class AttachedRun:
     every attached agent; their results come back as events of the Session.
     """
 
-    def __init__(self, session: Session, pid: int, hz: float = 10.0) -> None:
+    def __init__(
+        self,
+        session: Session,
+        pid: int,
+        hz: float = 10.0,
+        entries: list[AgentEntry] | None = None,
+    ) -> None:
         self.session = session
         self.pid = pid
+        #: Given entries (an agent reached through a forwarded socket) skip discovery.
+        self.entries = entries
         self.hz = hz
         self.remotes: list[RemoteSource] = []
         self.watch: ProcessWatchSource | None = None
+        self.totals: RankTotals | None = None
         self._detach = threading.Event()
 
     def connect(self) -> None:
@@ -222,25 +237,29 @@ class AttachedRun:
 
         Raises :class:`AttachError` when nothing can be attached, saying why.
         """
-        entries = agents_for(self.pid)
+        entries = self.entries if self.entries is not None else agents_for(self.pid)
         if not entries:
             self.watch = ProcessWatchSource(self.session, self.pid, self.hz)
             self.watch.start()
             return
         multi = len(entries) > 1
         errors = []
+        if multi:  # before the first connection, so that no live sample is missed
+            self.totals = RankTotals(self.session, {_scope(e) for e in entries})
         for entry in entries:
-            prefix = ""
-            if multi:
-                prefix = f"rank{entry.rank}/" if entry.rank is not None else f"pid{entry.pid}/"
+            prefix = f"{_scope(entry)}/" if multi else ""
             remote = RemoteSource(self.session, entry, prefix)
             try:
                 remote.connect()
             except AttachError as exc:
                 errors.append(str(exc))
+                if self.totals is not None:
+                    self.totals.forget(_scope(entry))
                 continue
             self.remotes.append(remote)
         if not self.remotes:
+            if self.totals is not None:
+                self.totals.close()
             raise AttachError("; ".join(errors))
         for error in errors:  # some ranks attached, others not: say which
             self.session.submit(LogRecord(self.session.now(), Stream.TORCHMEM, error))
@@ -264,9 +283,16 @@ class AttachedRun:
     def follow(self, duration: float | None = None) -> None:
         """Block until the processes end, :meth:`detach` is called, or ``duration`` passes."""
         deadline = time.monotonic() + duration if duration else None
+        forgotten: set[str] = set()
         while not self._detach.is_set() and not self.ended:
             if deadline is not None and time.monotonic() >= deadline:
                 break
+            if self.totals is not None:
+                for remote in self.remotes:
+                    scope = remote.prefix.rstrip("/")
+                    if remote.ended.is_set() and scope not in forgotten:
+                        forgotten.add(scope)
+                        self.totals.forget(scope)
             self._detach.wait(0.05)
         self.close()
 
@@ -280,6 +306,8 @@ class AttachedRun:
             remote.close()
         if self.watch is not None:
             self.watch.close()
+        if self.totals is not None:
+            self.totals.close()
 
     # -- what the window asks of a source ----------------------------------------------------
     @property
@@ -339,17 +367,33 @@ class AttachedRun:
         return result
 
 
+def entry_from_file(path: str, address: str | None = None) -> AgentEntry:
+    """An agent entry copied from another machine, reached at ``address`` (the local end
+    of an SSH-forwarded socket). Raises AttachError with what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+        entry = AgentEntry(**data)
+    except OSError as exc:
+        raise AttachError(f"cannot read the agent entry {path}: {exc.strerror}") from None
+    except (ValueError, TypeError):
+        raise AttachError(f"{path} is not a torchmem agent entry (agent-PID.json)") from None
+    if address:
+        entry.address = address
+    return entry
+
+
 def attach_headless(
     pid: int,
     duration: float | None = None,
     summary_path: str | None = None,
     hz: float = 10.0,
     quiet: bool = False,
+    entries: list[AgentEntry] | None = None,
 ) -> int:
     """``torchmem attach``: collect for ``duration`` seconds (or until the process ends)
     and optionally write ``{"pid", "injected", "samples", "peak_bytes", "ranks"}``."""
     session = Session()
-    run = AttachedRun(session, pid, hz)
+    run = AttachedRun(session, pid, hz, entries)
     try:
         run.connect()
     except AttachError as exc:

@@ -84,14 +84,34 @@ def split_key(key: str) -> tuple[str, str]:
     return device, metric
 
 
+def split_scope(key: str) -> tuple[str, str]:
+    """``("rank1", "cuda:0/allocated")`` for a series of one process of a job (``rank1``,
+    ``pid4242``) or of the job's total (``total``); ``("", key)`` for a single process."""
+    head, sep, rest = key.partition("/")
+    if sep and "/" in rest:
+        return head, rest
+    return "", key
+
+
+def scope_label(scope: str) -> str:
+    """``rank 1``, ``pid 4242``, ``total`` (of every rank) for a series scope."""
+    if scope == "total":
+        return "total"
+    for prefix in ("rank", "pid"):
+        if scope.startswith(prefix) and scope[len(prefix) :].isdigit():
+            return f"{prefix} {scope[len(prefix) :]}"
+    return scope
+
+
 def series_label(key: str) -> str:
-    """A readable label for a series key, e.g. ``cuda:0 allocated``."""
+    """A readable label for a series key, e.g. ``cuda:0 allocated``, ``rank 1 process RSS``."""
+    scope, key = split_scope(key)
     device, metric = split_key(key)
     info = METRICS.get(metric)
     label = info.label if info else metric
-    if device in ("cpu", "system"):
-        return label
-    return f"{device} {label}"
+    if device not in ("cpu", "system"):
+        label = f"{device} {label}"
+    return f"{scope_label(scope)} {label}" if scope else label
 
 
 class MemoryBackend:

@@ -3,6 +3,7 @@
     torchmem [OPTIONS] [SCRIPT [ARGS...]]          open the window, run SCRIPT in it
     torchmem --demo [DEMO ARGS...]                 open the window on the bundled demo
     torchmem run [OPTIONS] SCRIPT [ARGS...]        headless: run with monitoring, no Qt
+    torchmem run [OPTIONS] -- COMMAND...           any command (torchrun), agents in each rank
     torchmem ps [--json]                           processes to attach to
     torchmem attach [OPTIONS] PID                  headless: collect from a running process
 
@@ -50,6 +51,12 @@ def gui_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--attach", type=int, metavar="PID", help="show a running process (see `torchmem ps`)"
     )
+    p.add_argument(
+        "--attach-entry",
+        metavar="JSON",
+        help="show an agent of another machine: its entry file, reached at --address",
+    )
+    p.add_argument("--address", metavar="SOCKET", help="the forwarded socket of --attach-entry")
     p.add_argument(
         "--isolated",
         action="store_true",
@@ -101,6 +108,20 @@ def run_parser() -> argparse.ArgumentParser:
     return p
 
 
+def command_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem run [OPTIONS] -- COMMAND`` (the options before ``--``)."""
+    p = argparse.ArgumentParser(
+        prog="torchmem run [OPTIONS] --",
+        description="Run any COMMAND (torchrun, a shell script, python -m ...) with an agent in "
+        "every Python process of it that imports torch; exit with its exit code.",
+        epilog="Example: torchmem run -- torchrun --nproc_per_node=2 train.py",
+    )
+    p.add_argument("--summary", metavar="JSON", help="write a JSON summary (every rank) here")
+    p.add_argument("--quiet", action="store_true", help="no closing line unless it fails")
+    p.add_argument("--hz", type=_rate, default=10.0, help="sampling rate of the agents")
+    return p
+
+
 def ps_parser() -> argparse.ArgumentParser:
     """Parser of ``torchmem ps``."""
     p = argparse.ArgumentParser(
@@ -131,7 +152,15 @@ def attach_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", metavar="JSON", help="write a JSON summary here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--hz", type=_rate, default=10.0, help="rate when watching from outside")
-    p.add_argument("pid", type=int, help="the process id (see `torchmem ps`)")
+    p.add_argument(
+        "--entry",
+        metavar="JSON",
+        help="an agent entry copied from another machine (agent-PID.json), with --address",
+    )
+    p.add_argument(
+        "--address", metavar="SOCKET", help="where that agent is reached: a forwarded socket"
+    )
+    p.add_argument("pid", type=int, nargs="?", help="the process id (see `torchmem ps`)")
     return p
 
 
@@ -171,11 +200,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _ps(argv[1:])
     if argv[:1] == ["attach"]:
         opts = attach_parser().parse_args(argv[1:])
-        from .attach import attach_headless
+        from .attach import attach_headless, entry_from_file
+        from .client import AttachError
 
         if opts.duration is not None and opts.duration <= 0:
             attach_parser().error("--duration must be positive")
-        return attach_headless(opts.pid, opts.duration, opts.summary, opts.hz, opts.quiet)
+        entries = None
+        if opts.entry:
+            try:
+                entries = [entry_from_file(opts.entry, opts.address)]
+            except AttachError as exc:
+                print(f"torchmem: {exc}", file=sys.stderr)
+                return 2
+        elif opts.pid is None:
+            attach_parser().error("give a PID (see `torchmem ps`), or --entry and --address")
+        pid = entries[0].pid if entries else opts.pid
+        return attach_headless(pid, opts.duration, opts.summary, opts.hz, opts.quiet, entries)
+    if argv[:1] == ["run"] and "--" in argv:
+        # `torchmem run [OPTIONS] -- COMMAND...`: any command, an agent in each torch process.
+        cut = argv.index("--")
+        opts = command_parser().parse_args(argv[1:cut])
+        command = argv[cut + 1 :]
+        if not command:
+            command_parser().error("give a command after --, e.g. -- torchrun train.py")
+        from .launcher import run_command
+
+        return run_command(command, opts.summary, opts.hz, opts.quiet)
     if argv[:1] == ["run"]:
         opts = run_parser().parse_args(argv[1:])
         from .headless import run_headless

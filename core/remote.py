@@ -158,10 +158,16 @@ class RemoteSource:
             except ProtocolError:
                 self.bad_frames += 1
                 continue
-            if self.prefix:
-                event = self._renamed(event)
             if isinstance(event, RunFinished):
                 self._run_finished = True
+                if self.prefix:  # one rank ended, not the job: a line and a marker
+                    text = f"{self.label}: {event.status.value}: {event.message}"
+                    self.session.submit(LogRecord(event.t, Stream.TORCHMEM, text))
+                    label = f"{self.label} {event.status.value}"
+                    self.session.submit(Marker(event.t, MarkerKind.USER, label, 0))
+                    continue
+            if self.prefix:
+                event = self._renamed(event)
             self.session.submit(event)
 
     def _renamed(self, event: Any) -> Any:

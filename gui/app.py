@@ -40,6 +40,11 @@ def screenshot_when_drawn(window: MainWindow, path: str, samples: int) -> None:
         if window.plot.samples_drawn < samples:
             return
         timer.stop()
+        # An attached run replays its history in one burst: let the views settle (ranges,
+        # tables, the log) for a second before the picture is taken.
+        QTimer.singleShot(1000, grab)
+
+    def grab() -> None:
         screen = window.screen()
         image = screen.grabWindow(window.winId()) if screen else None
         if image is None or image.isNull():
@@ -68,7 +73,16 @@ def main(opts: argparse.Namespace) -> int:
     script = str(demo_script()) if opts.demo else opts.script
     if getattr(opts, "isolated", False):
         window.act_isolated.setChecked(True)
-    if getattr(opts, "attach", None) is not None:
+    if getattr(opts, "attach_entry", None):
+        from torchmem.attach import entry_from_file
+        from torchmem.client import AttachError
+
+        try:
+            entry = entry_from_file(opts.attach_entry, opts.address)
+            window.attach(entry.pid, [entry])
+        except AttachError as exc:
+            window.show_error(str(exc))
+    elif getattr(opts, "attach", None) is not None:
         window.attach(opts.attach)
     elif script:
         window.load_script(script, list(opts.args), run=True, cwd=opts.cwd)

@@ -315,6 +315,17 @@ class MainWindow(QMainWindow):
         self.unit_combo.setToolTip("Units of the memory axes (auto picks per plot)")
         self.unit_combo.currentTextChanged.connect(self.plot.set_unit)
         tb.addWidget(self.unit_combo)
+        self.rank_combo = QComboBox()
+        self.rank_combo.setToolTip(
+            "A torchrun job: every rank overlaid, one rank, or the job's total "
+            "(the sum of each rank's latest reading)"
+        )
+        self.rank_combo.addItem("Every rank", None)
+        self.rank_combo.currentIndexChanged.connect(
+            lambda i: self.plot.set_scope(self.rank_combo.itemData(i))
+        )
+        self._rank_combo_action = tb.addWidget(self.rank_combo)
+        self._rank_combo_action.setVisible(False)
 
     def _build_menus(self) -> None:
         mb = self.menuBar()
@@ -579,18 +590,24 @@ class MainWindow(QMainWindow):
         from .attach_dialog import AttachDialog
 
         dialog = AttachDialog(self)
-        if dialog.exec() and dialog.chosen_pid is not None:
-            self.attach(dialog.chosen_pid)
+        accepted = dialog.exec()
+        pid = dialog.chosen_pid
+        dialog.deleteLater()  # destroyed by this thread's event loop, never by a gc elsewhere
+        if accepted and pid is not None:
+            self.attach(pid)
 
-    def attach(self, pid: int) -> bool:
-        """Show process ``pid`` (and its ranks) in this window, following it in a QThread."""
+    def attach(self, pid: int, entries: list | None = None) -> bool:
+        """Show process ``pid`` (and its ranks) in this window, following it in a QThread.
+
+        ``entries`` reach agents without discovery (a socket forwarded from another host).
+        """
         if self.running:
             self.show_error("Stop the running script (Shift+F5) or detach before attaching.")
             return False
         self.banner.hide()
         self._runs += 1
         self._clear_views()
-        run = AttachedRun(self.session, pid, self.rate_spin.value())
+        run = AttachedRun(self.session, pid, self.rate_spin.value(), entries)
         self.attached = run
         self.target = run
         self.tensors.referrers = run.referrers
@@ -640,6 +657,7 @@ class MainWindow(QMainWindow):
     def _clear_views(self) -> None:
         self.session.reset()
         self.plot.clear_data()
+        self.plot.scope = None
         self.readings.clear_rows()
         self.tensors.clear()
         self.breakdown.refresh(force=True)
@@ -669,9 +687,28 @@ class MainWindow(QMainWindow):
             QTimer.singleShot(0, self.run)
 
     # -- session events -------------------------------------------------------------------
+    def _update_rank_combo(self) -> None:
+        scopes = self.plot.scopes()
+        known = [self.rank_combo.itemData(i) for i in range(1, self.rank_combo.count())]
+        if scopes == known:
+            return
+        from torchmem.backends import scope_label
+
+        current = self.rank_combo.currentData()
+        self.rank_combo.blockSignals(True)
+        self.rank_combo.clear()
+        self.rank_combo.addItem("Every rank", None)
+        for scope in scopes:
+            self.rank_combo.addItem(scope_label(scope).capitalize(), scope)
+        index = self.rank_combo.findData(current) if current is not None else 0
+        self.rank_combo.setCurrentIndex(max(index, 0))
+        self.rank_combo.blockSignals(False)
+        self._rank_combo_action.setVisible(bool(scopes))
+
     @Slot()
     def _on_changed(self) -> None:
         self.plot.refresh()
+        self._update_rank_combo()
         self.readings.refresh()
         samples = self.session.samples
         self.samples_label.setText(f"{samples:,} samples")

@@ -54,7 +54,10 @@ class ReadingsTable(QTableWidget):
             self.item(row, 1).setText(format_bytes(last) if not math.isnan(last) else "–")
             self.item(row, 2).setText(format_bytes(peak) if math.isfinite(peak) else "–")
             device = split_key(key)[0]
-            total = self.capacity.get("cpu" if device == "system" else device)
+            scope, _, bare = device.rpartition("/")  # "rank1/cuda:0" in a job
+            if bare == "system":
+                device = f"{scope}/cpu" if scope else "cpu"
+            total = self.capacity.get(device)
             share = f"{100 * last / total:.1f} %" if total and not math.isnan(last) else ""
             self.item(row, 3).setText(share)
 

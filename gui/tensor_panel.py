@@ -179,6 +179,7 @@ class TensorDetails(QDialog):
         referrers: Callable[[TensorInfo], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(parent)
+        self.setAttribute(Qt.WA_DeleteOnClose)  # modeless: freed when closed, by Qt
         self.setWindowTitle(f"Tensor: {info.name}")
         self.resize(640, 420)
         text = QPlainTextEdit()

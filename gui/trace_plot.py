@@ -13,7 +13,7 @@ from PySide6.QtCore import QPointF, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QWidget
 
-from torchmem.backends import METRICS, series_label, split_key
+from torchmem.backends import METRICS, series_label, split_key, split_scope
 from torchmem.events import MarkerKind
 from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
@@ -33,17 +33,33 @@ MARKER_COLORS = {MarkerKind.EPOCH: "#e377c2", MarkerKind.USER: "#bcbd22"}
 MAX_STEP_TICKS = 400
 
 
+#: One colour per rank of a job (metrics of a rank differ by line style and shade).
+RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+               "#e377c2", "#17becf")  # fmt: skip
+TOTAL_COLOR = "#404040"
+
+
 def series_color(key: str) -> QColor:
-    """A stable colour per metric; further devices of one kind get darker shades."""
-    device, metric = split_key(key)
-    color = QColor(COLORS.get(metric, "#7f7f7f"))
+    """A stable colour per metric (per rank in a job); further devices of one kind get
+    darker shades."""
+    scope, rest = split_scope(key)
+    device, metric = split_key(rest)
+    if scope == "total":
+        color = QColor(TOTAL_COLOR)
+    elif scope:
+        digits = "".join(c for c in scope if c.isdigit()) or "0"
+        color = QColor(RANK_COLORS[int(digits) % len(RANK_COLORS)])
+        if metric in ("reserved", "uss", "nvml_used"):
+            color = color.lighter(140)
+    else:
+        color = QColor(COLORS.get(metric, "#7f7f7f"))
     index = int(device.rpartition(":")[2]) if device.rpartition(":")[2].isdigit() else 0
-    return color.darker(100 + 35 * index) if index else color
+    return color.darker(100 + 35 * index) if index and not scope else color
 
 
 def plot_group(key: str) -> str:
     """Which plot a series goes to: ``host`` for cpu/system, else ``accelerator``."""
-    device, _ = split_key(key)
+    device, _ = split_key(split_scope(key)[1])
     return "host" if device in ("cpu", "system") else "accelerator"
 
 
@@ -59,6 +75,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.x_mode = "time"
         self.unit = "auto"
         self.follow = True
+        self.scope: str | None = None  # one rank of a job, or None for every series
         self.window_s: float | None = 120.0
         self.paused = False
         self.samples_drawn = 0
@@ -186,6 +203,21 @@ class TracePlot(pg.GraphicsLayoutWidget):
         if key in self._curves:
             self._curves[key].setVisible(visible)
 
+    def scopes(self) -> list[str]:
+        """Ranks (and the total) among the drawn series of a job; empty for one process."""
+        found = {split_scope(k)[0] for k in self._curves}
+        found.discard("")
+        return sorted(found, key=lambda s: (s == "total", len(s), s))
+
+    def set_scope(self, scope: str | None) -> None:
+        """Show only the series of one rank (or the total); ``None`` shows every rank."""
+        self.scope = scope
+        for key, curve in self._curves.items():
+            _, metric = split_key(key)
+            in_scope = scope is None or split_scope(key)[0] == scope
+            curve.setVisible(in_scope and metric not in HIDDEN_BY_DEFAULT)
+        self.refresh(force=True)
+
     def curve_keys(self) -> list[str]:
         """Series that have a curve."""
         return list(self._curves)
@@ -228,7 +260,8 @@ class TracePlot(pg.GraphicsLayoutWidget):
             curve = plot.plot([], [], pen=pen, name=series_label(key), skipFiniteCheck=True)
             self.legend.addItem(curve, series_label(key))
             curve.setToolTip(METRICS[metric].tooltip if metric in METRICS else key)
-            if metric in HIDDEN_BY_DEFAULT:
+            scope = self.scope
+            if metric in HIDDEN_BY_DEFAULT or (scope is not None and split_scope(key)[0] != scope):
                 curve.setVisible(False)
             plot.setVisible(True)
             self._curves[key] = curve

@@ -42,6 +42,13 @@ def _no_dangling_threads(request, monkeypatch):
 
         monkeypatch.setattr(QThread, "start", start)
     yield
+    if "qtbot" in request.fixturenames:
+        # Widgets of this test that are garbage in reference cycles must be collected here,
+        # in the GUI thread: collected later by a gc.collect() in a worker thread (the
+        # gc.collect button, a census), PySide6 deadlocks destroying them there.
+        import gc
+
+        gc.collect()
     dangling = []
     for thread, where in list(started.items()):
         try:

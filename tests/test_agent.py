@@ -294,3 +294,24 @@ def _rss(pid):
         return psutil.Process(pid).memory_info().rss
     except psutil.Error:
         return 0
+
+
+def test_cli_attach_through_a_copied_entry_and_a_given_socket(served, tmp_path):
+    """What SSH forwarding needs: the entry copied over, the socket reached elsewhere."""
+    _, entry = served
+    copied = tmp_path / "agent.json"
+    copied.write_text(json.dumps({**entry.__dict__, "address": "/nonexistent.sock"}))
+    out = tmp_path / "fwd.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "torchmem", "attach", "--entry", str(copied), "--address",
+         entry.address, "--duration", "1", "--summary", str(out)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["samples"] >= 5
+    copied.write_text("not json")
+    bad = subprocess.run(
+        [sys.executable, "-m", "torchmem", "attach", "--entry", str(copied)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "is not a torchmem agent entry" in bad.stderr

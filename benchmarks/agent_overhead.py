@@ -1,0 +1,229 @@
+"""Cost and speed of the agent: step time with a viewer attached, latency, many agents.
+
+1. Step time of one CPU training loop in this process, in interleaved blocks: unmonitored,
+   torchmem's defaults without an agent, and the same plus the agent with a viewer (a
+   separate process) subscribed at 10 Hz. Ratios to the unmonitored loop.
+2. Sample-to-GUI latency: a served script in a child process, this process as the viewer
+   with the window's 30 Hz bridge; the delay from a sample's reading in the child to the
+   bridge handing it to the views (p50 / p99).
+3. 16 agents at 10 Hz (16 served processes under one launcher) into one window attached
+   to the launcher: the window process's CPU use.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/agent_overhead.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import torch
+from sampler_overhead import Monitored, make_loop, timed_block
+
+from torchmem.agent import Agent
+from torchmem.attach import agents_for
+from torchmem.discovery import find_agent
+
+HERE = Path(__file__).resolve().parent
+SERVED = HERE.parent / "tests" / "scripts" / "served_train.py"
+
+VIEWER = """
+import os, sys, time
+from torchmem.attach import agents_for
+from torchmem.remote import RemoteSource
+from torchmem.session import Session
+parent = int(sys.argv[1])
+while True:
+    try:
+        os.kill(parent, 0)
+    except OSError:
+        break
+    for entry in agents_for(parent):
+        remote = RemoteSource(Session(), entry)
+        try:
+            remote.connect()
+        except Exception:
+            continue
+        remote.ended.wait()
+        remote.close()
+    time.sleep(0.02)
+"""
+
+FLEET = """
+import subprocess, sys, time
+children = [subprocess.Popen([sys.executable, sys.argv[1], "--sleep", "0.05"],
+                             stdout=subprocess.DEVNULL) for _ in range(int(sys.argv[2]))]
+try:
+    for c in children:
+        c.wait()
+finally:
+    for c in children:
+        c.kill()
+"""
+
+
+class WithAgent(Monitored):
+    """torchmem's defaults plus the agent, with a viewer subscribed before timing starts."""
+
+    def block(self, step, steps: int) -> list[float]:
+        agent = Agent(self.source)
+        agent.start()
+        try:
+            if not agent.first_viewer.wait(30):
+                raise RuntimeError("the viewer process never subscribed")
+            return super().block(step, steps)
+        finally:
+            agent.close(linger_s=0)
+
+
+def step_time(blocks: int, steps: int) -> None:
+    viewer = subprocess.Popen([sys.executable, "-c", VIEWER, str(os.getpid())])
+    try:
+        step = make_loop()
+        for _ in range(10):
+            step()
+        variants = {
+            "unmonitored": None,
+            "defaults, no agent": Monitored(10.0),
+            "agent + viewer": WithAgent(10.0),
+        }
+        results: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(blocks):
+            for name, monitor in variants.items():
+                results[name] += (
+                    timed_block(step, steps) if monitor is None else monitor.block(step, steps)
+                )
+    finally:
+        viewer.kill()
+        viewer.wait()
+    base = statistics.median(results["unmonitored"])
+    base_mean = statistics.fmean(results["unmonitored"])
+    print(f"\n1. step time ({blocks} blocks x {steps} steps, interleaved)")
+    print(f"{'variant':<20} {'median':>10} {'ratio':>7} {'mean':>10} {'ratio':>7}")
+    for name, times in results.items():
+        med, mean = statistics.median(times), statistics.fmean(times)
+        print(
+            f"{name:<20} {med * 1e3:>7.2f} ms {med / base:>7.3f} {mean * 1e3:>7.2f} ms "
+            f"{mean / base_mean:>7.3f}"
+        )
+
+
+def _qt_app():
+    from torchmem.gui.app import create_app
+
+    return create_app()
+
+
+def latency(seconds: float) -> None:
+    from PySide6.QtCore import QTimer
+
+    from torchmem.events import Sample
+    from torchmem.gui.bridge import SessionBridge
+    from torchmem.remote import RemoteSource
+    from torchmem.session import Session
+
+    app = _qt_app()
+    proc = subprocess.Popen([sys.executable, str(SERVED), "--sleep", "0.02"],
+                            stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        entry = None
+        while entry is None:
+            entry = find_agent(proc.pid)
+            time.sleep(0.05)
+        session = Session()
+        bridge = SessionBridge(session)
+        remote = RemoteSource(session, entry)
+        remote.connect()
+        since = session.now() + 1.0  # past the replay of the history
+        delays: list[float] = []
+
+        def on_events(events: list) -> None:
+            now = session.now()
+            delays.extend(now - e.t for e in events if isinstance(e, Sample) and e.t > since)
+
+        bridge.events.connect(on_events)
+        QTimer.singleShot(int(seconds * 1000), app.quit)
+        app.exec()
+        remote.close()
+        bridge.close()
+    finally:
+        proc.kill()
+        proc.wait()
+    delays.sort()
+    p50 = delays[len(delays) // 2]
+    p99 = delays[int(len(delays) * 0.99)]
+    print(f"\n2. sample-to-GUI latency over {len(delays)} samples ({seconds:g} s at 10 Hz)")
+    print(f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {delays[-1] * 1e3:.1f} ms")
+
+
+def fleet(n: int, seconds: float) -> None:
+    from PySide6.QtCore import QSettings, QTimer
+
+    from torchmem.gui.main_window import MainWindow
+    from torchmem.session import Session
+    from torchmem.source import InProcessSource
+
+    app = _qt_app()
+    launcher = subprocess.Popen([sys.executable, "-c", FLEET, str(SERVED), str(n)])
+    try:
+        deadline = time.monotonic() + 180
+        while len(agents_for(launcher.pid)) < n and time.monotonic() < deadline:
+            time.sleep(0.2)
+        agents = len(agents_for(launcher.pid))
+        settings = QSettings(tempfile.mktemp(suffix=".ini"), QSettings.IniFormat)
+        window = MainWindow(InProcessSource(Session()), settings)
+        window.show()
+        window.attach(launcher.pid)
+        QTimer.singleShot(5000, app.quit)  # connect and replay first
+        app.exec()
+        me = psutil.Process()
+        cpu0, t0 = sum(me.cpu_times()[:2]), time.monotonic()
+        samples0 = window.session.samples
+        QTimer.singleShot(int(seconds * 1000), app.quit)
+        app.exec()
+        cpu = sum(me.cpu_times()[:2]) - cpu0
+        elapsed = time.monotonic() - t0
+        samples = window.session.samples - samples0
+        window.close()
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+    print(f"\n3. {agents} agents at 10 Hz into one window, over {elapsed:.0f} s")
+    print(
+        f"window process CPU: {100 * cpu / elapsed:.1f}% of one core; "
+        f"{samples / elapsed:.0f} samples/s received (ranks and their total)"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--blocks", type=int, default=8)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1)")
+    p.add_argument("--agents", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=20.0)
+    args = p.parse_args()
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ.setdefault("TORCHMEM_RUNTIME_DIR", tempfile.mkdtemp(prefix="tm-bench-"))
+    torch.set_num_threads(args.threads)
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} torch thread(s)"
+    )
+    step_time(args.blocks, args.steps)
+    latency(args.seconds)
+    fleet(args.agents, args.seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""A two-rank DistributedDataParallel loop on CPU (gloo), for torchrun tests."""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=0, help="0: until stopped")
+parser.add_argument("--sleep", type=float, default=0.05)
+opts = parser.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+rank_buffer = torch.zeros((rank + 1) * 256, 1024)  # rank 1 holds twice rank 0's bytes
+print(f"rank {rank} of {dist.get_world_size()} in pid {os.getpid()}", flush=True)
+step = 0
+while opts.steps == 0 or step < opts.steps:
+    step += 1
+    loss = model(torch.randn(8, 64)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    time.sleep(opts.sleep)
+dist.destroy_process_group()
+print(f"rank {rank} finished {step} steps", flush=True)

@@ -1,0 +1,115 @@
+"""Every rank of a torchrun job (gloo, 2 ranks on CPU): headless, attached, and in the window."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import SCRIPTS
+from test_agent import start, wait_until
+
+from torchmem.attach import agents_for, attach_headless
+
+TORCHRUN = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+
+
+def job(*script_args):
+    """`torchmem run -- torchrun ... ddp_train.py ARGS` as a child process."""
+    return start(
+        ["-m", "torchmem", "run", "--", sys.executable, *TORCHRUN, str(SCRIPTS / "ddp_train.py"),
+         *script_args]
+    )  # fmt: skip
+
+
+def wait_for_ranks(proc, n=2, timeout=90):
+    wait_until(lambda: len(agents_for(proc.pid)) >= n or proc.poll() is not None, timeout)
+    ranks = agents_for(proc.pid)
+    assert len(ranks) == n, f"ranks: {ranks}; output: {proc.poll() and proc.communicate()}"
+    return ranks
+
+
+def test_torchmem_run_torchrun_serves_every_rank_and_sums_them(runtime_dir, tmp_path):
+    out = tmp_path / "job.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchmem", "run", "--summary", str(out), "--", sys.executable,
+         *TORCHRUN, str(SCRIPTS / "ddp_train.py"), "--steps", "30", "--sleep", "0.03"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 0 finished 30 steps" in proc.stdout and "rank 1 finished 30 steps" in proc.stdout
+    data = json.loads(out.read_text())
+    assert [(r["rank"], r["world_size"], r["status"]) for r in data["ranks"]] == [
+        (0, 2, "finished"),
+        (1, 2, "finished"),
+    ], "two ranks, and not the launcher"
+    peaks = data["peak_bytes"]
+    assert peaks["total/cpu_rss"] >= max(peaks["rank0/cpu_rss"], peaks["rank1/cpu_rss"])
+    assert "2 process(es) with torch" in proc.stderr
+
+
+def test_attach_to_the_launcher_follows_both_ranks_and_survives_a_dead_rank(runtime_dir, tmp_path):
+    proc = job("--sleep", "0.05")
+    try:
+        ranks = wait_for_ranks(proc)
+        assert sorted(e.rank for e in ranks) == [0, 1]
+        out = tmp_path / "attach.json"
+        assert attach_headless(proc.pid, 2.0, str(out), quiet=True) == 0
+        data = json.loads(out.read_text())
+        assert sorted(r["rank"] for r in data["ranks"]) == [0, 1]
+        assert {"rank0/cpu_rss", "rank1/cpu_rss", "total/cpu_rss"} <= set(data["peak_bytes"])
+        assert data["samples"] > 20
+
+        # A rank killed while attached: shown as ended, the other rank still followed.
+        from torchmem.attach import AttachedRun
+        from torchmem.session import Session
+
+        session = Session()
+        run = AttachedRun(session, proc.pid)
+        run.connect()
+        wait_until(lambda: session.steps.steps > 3)
+        victim = next(e for e in ranks if e.rank == 1)
+        import os
+
+        os.kill(victim.pid, signal.SIGKILL)
+        wait_until(lambda: any("rank 1: detached" in r.text for r in session.logs), 30)
+        assert any(m.label == "rank 1 ended" for m in session.user_markers())
+        assert session.run_finished is None, "one dead rank does not end the job's view"
+        run.detach()
+        run.follow()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.usefixtures("runtime_dir")
+def test_window_shows_one_trace_per_rank_a_total_and_a_rank_filter(qtbot, make_window):
+    proc = job("--sleep", "0.05")
+    try:
+        wait_for_ranks(proc)
+        window = make_window()
+        window.attach(proc.pid)
+        qtbot.waitUntil(lambda: window._rank_combo_action.isVisible(), timeout=30_000)
+        qtbot.waitUntil(lambda: window.rank_combo.count() == 4, timeout=30_000)
+        items = [window.rank_combo.itemText(i) for i in range(window.rank_combo.count())]
+        assert items == ["Every rank", "Rank 0", "Rank 1", "Total"]
+        assert {"rank0/cpu/rss", "rank1/cpu/rss", "total/cpu/rss"} <= set(window.plot.curve_keys())
+        assert "rank 1 process RSS" in [window.plot._curves[k].name() for k in window.plot._curves]
+        window.rank_combo.setCurrentIndex(window.rank_combo.findData("rank1"))
+        visible = window.plot.visible_keys()
+        assert visible and all(k.startswith("rank1/") for k in visible)
+        window.detach()
+        qtbot.waitUntil(lambda: not window.running, timeout=10_000)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
