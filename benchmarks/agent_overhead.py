@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,8 @@ while True:
     except OSError:
         break
     for entry in agents_for(parent):
+        if entry.label == "no-viewer":
+            continue
         remote = RemoteSource(Session(), entry)
         try:
             remote.connect()
@@ -71,13 +74,18 @@ finally:
 
 
 class WithAgent(Monitored):
-    """torchmem's defaults plus the agent, with a viewer subscribed before timing starts."""
+    """torchmem's defaults plus the agent, with a viewer subscribed before timing starts
+    (``viewer=False``: the agent alone, published but never attached)."""
+
+    def __init__(self, hz: float, viewer: bool = True) -> None:
+        super().__init__(hz)
+        self.viewer = viewer
 
     def block(self, step, steps: int) -> list[float]:
-        agent = Agent(self.source)
+        agent = Agent(self.source, label="" if self.viewer else "no-viewer")
         agent.start()
         try:
-            if not agent.first_viewer.wait(30):
+            if self.viewer and not agent.first_viewer.wait(30):
                 raise RuntimeError("the viewer process never subscribed")
             return super().block(step, steps)
         finally:
@@ -93,6 +101,7 @@ def step_time(blocks: int, steps: int) -> None:
         variants = {
             "unmonitored": None,
             "defaults, no agent": Monitored(10.0),
+            "agent, no viewer": WithAgent(10.0, viewer=False),
             "agent + viewer": WithAgent(10.0),
         }
         results: dict[str, list[float]] = {name: [] for name in variants}
@@ -144,12 +153,24 @@ def latency(seconds: float) -> None:
         remote.connect()
         since = session.now() + 1.0  # past the replay of the history
         delays: list[float] = []
+        pending: list[float] = []
+        lock = threading.Lock()
 
-        def on_events(events: list) -> None:
+        def arrived(event: object) -> None:  # in the connection's reader thread
+            # Periodic samples only: step-boundary readings are batched on purpose (taken
+            # in the training loop, handed on at the sampler's next tick).
+            if isinstance(event, Sample) and event.step is None and event.t > since:
+                with lock:
+                    pending.append(event.t)
+
+        def drawn() -> None:  # the bridge's 30 Hz tick told the views: the sample is shown
             now = session.now()
-            delays.extend(now - e.t for e in events if isinstance(e, Sample) and e.t > since)
+            with lock:
+                delays.extend(now - t for t in pending)
+                pending.clear()
 
-        bridge.events.connect(on_events)
+        session.subscribe(arrived)
+        bridge.changed.connect(drawn)
         QTimer.singleShot(int(seconds * 1000), app.quit)
         app.exec()
         remote.close()
@@ -160,18 +181,30 @@ def latency(seconds: float) -> None:
     delays.sort()
     p50 = delays[len(delays) // 2]
     p99 = delays[int(len(delays) * 0.99)]
-    print(f"\n2. sample-to-GUI latency over {len(delays)} samples ({seconds:g} s at 10 Hz)")
+    print(
+        f"\n2. sample-to-GUI latency (reading in the agent's process to the window's views) "
+        f"over {len(delays)} samples ({seconds:g} s at 10 Hz)"
+    )
     print(f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {delays[-1] * 1e3:.1f} ms")
 
 
+def spin(seconds: float) -> None:
+    """Run the event loop for a while (app.quit() would close the window: Qt 6)."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    loop = QEventLoop()
+    QTimer.singleShot(int(seconds * 1000), loop.quit)
+    loop.exec()
+
+
 def fleet(n: int, seconds: float) -> None:
-    from PySide6.QtCore import QSettings, QTimer
+    from PySide6.QtCore import QSettings
 
     from torchmem.gui.main_window import MainWindow
     from torchmem.session import Session
     from torchmem.source import InProcessSource
 
-    app = _qt_app()
+    _qt_app()
     launcher = subprocess.Popen([sys.executable, "-c", FLEET, str(SERVED), str(n)])
     try:
         deadline = time.monotonic() + 180
@@ -182,23 +215,26 @@ def fleet(n: int, seconds: float) -> None:
         window = MainWindow(InProcessSource(Session()), settings)
         window.show()
         window.attach(launcher.pid)
-        QTimer.singleShot(5000, app.quit)  # connect and replay first
-        app.exec()
+        spin(5.0)  # connect and replay first
         me = psutil.Process()
         cpu0, t0 = sum(me.cpu_times()[:2]), time.monotonic()
         samples0 = window.session.samples
-        QTimer.singleShot(int(seconds * 1000), app.quit)
-        app.exec()
+        spin(seconds)
         cpu = sum(me.cpu_times()[:2]) - cpu0
         elapsed = time.monotonic() - t0
         samples = window.session.samples - samples0
+        attached = window.attached.label if window.attached else window.run_label.text()
+        problem = window.banner.text() if window.banner.isVisible() else ""
         window.close()
     finally:
+        children = psutil.Process(launcher.pid).children(recursive=True)
         launcher.kill()
         launcher.wait()
-        for child in psutil.Process().children(recursive=True):
+        for child in children:  # the served processes would outlive their launcher
             child.kill()
-    print(f"\n3. {agents} agents at 10 Hz into one window, over {elapsed:.0f} s")
+    print(f"\n3. {agents} agents at 10 Hz into one window, over {elapsed:.0f} s: {attached}")
+    if problem:
+        print(f"   banner: {problem}")
     print(
         f"window process CPU: {100 * cpu / elapsed:.1f}% of one core; "
         f"{samples / elapsed:.0f} samples/s received (ranks and their total)"
@@ -212,6 +248,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1)")
     p.add_argument("--agents", type=int, default=16)
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--parts", default="123", help="which parts to run (default: 123)")
     args = p.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ.setdefault("TORCHMEM_RUNTIME_DIR", tempfile.mkdtemp(prefix="tm-bench-"))
@@ -220,9 +257,12 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"torch {torch.__version__}, {torch.get_num_threads()} torch thread(s)"
     )
-    step_time(args.blocks, args.steps)
-    latency(args.seconds)
-    fleet(args.agents, args.seconds)
+    if "1" in args.parts:
+        step_time(args.blocks, args.steps)
+    if "2" in args.parts:
+        latency(args.seconds)
+    if "3" in args.parts:
+        fleet(args.agents, args.seconds)
 
 
 if __name__ == "__main__":

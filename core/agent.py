@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .discovery import AgentEntry, remove_entry, runtime_dir, write_entry
+from .discovery import AgentEntry, boot_id, remove_entry, runtime_dir, write_entry
 from .events import Event, Marker, MarkerKind, RunFinished, RunStarted, RunStatus, Sample
 from .protocol import (
     MAX_REQUEST_BYTES,
@@ -304,7 +304,7 @@ class Agent:
         sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         try:
             while not self._stop.is_set():
-                for key, mask in sel.select(timeout=0.05):
+                for key, mask in sel.select(timeout=0.2):  # samples wake it earlier
                     if key.data == "accept":
                         self._accept(sel)
                     elif key.data == "wake":
@@ -417,6 +417,9 @@ class Agent:
                         "version": PROTOCOL_VERSION,
                         "agent": self.entry.public(),
                         "now": self.session.now(),
+                        # Same boot, same CLOCK_MONOTONIC: the viewer maps times exactly.
+                        "boot_id": boot_id(),
+                        "t0": self.session.t0,
                     }
                 )
             )

@@ -221,9 +221,12 @@ class AttachedRun:
         pid: int,
         hz: float = 10.0,
         entries: list[AgentEntry] | None = None,
+        inject: bool = False,
     ) -> None:
         self.session = session
         self.pid = pid
+        self.inject = inject
+        self.injected = False
         #: Given entries (an agent reached through a forwarded socket) skip discovery.
         self.entries = entries
         self.hz = hz
@@ -238,6 +241,21 @@ class AttachedRun:
         Raises :class:`AttachError` when nothing can be attached, saying why.
         """
         entries = self.entries if self.entries is not None else agents_for(self.pid)
+        if not entries and self.inject:
+            from .inject import InjectError, inject_agent
+
+            self.session.submit(
+                LogRecord(
+                    self.session.now(),
+                    Stream.TORCHMEM,
+                    f"injecting the agent into {self.pid} (experimental)…",
+                )
+            )
+            try:
+                entries = [inject_agent(self.pid)]
+            except InjectError as exc:
+                raise AttachError(f"cannot inject the agent: {exc}") from None
+            self.injected = True
         if not entries:
             self.watch = ProcessWatchSource(self.session, self.pid, self.hz)
             self.watch.start()
@@ -389,11 +407,12 @@ def attach_headless(
     hz: float = 10.0,
     quiet: bool = False,
     entries: list[AgentEntry] | None = None,
+    inject: bool = False,
 ) -> int:
     """``torchmem attach``: collect for ``duration`` seconds (or until the process ends)
     and optionally write ``{"pid", "injected", "samples", "peak_bytes", "ranks"}``."""
     session = Session()
-    run = AttachedRun(session, pid, hz, entries)
+    run = AttachedRun(session, pid, hz, entries, inject)
     try:
         run.connect()
     except AttachError as exc:
@@ -412,7 +431,7 @@ def attach_headless(
         run.close()
     data = {
         "pid": pid,
-        "injected": False,
+        "injected": run.injected,
         "attached": "agent" if run.remotes else "process",
         "samples": session.samples,
         "peak_bytes": {k: int(v) for k, v in session.peak_bytes().items()},

@@ -153,6 +153,12 @@ def attach_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--hz", type=_rate, default=10.0, help="rate when watching from outside")
     p.add_argument(
+        "--inject",
+        action="store_true",
+        help="(experimental) start the agent inside a process that has none, through gdb "
+        "(Python < 3.14) or sys.remote_exec; needs permission to trace it",
+    )
+    p.add_argument(
         "--entry",
         metavar="JSON",
         help="an agent entry copied from another machine (agent-PID.json), with --address",
@@ -215,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif opts.pid is None:
             attach_parser().error("give a PID (see `torchmem ps`), or --entry and --address")
         pid = entries[0].pid if entries else opts.pid
-        return attach_headless(pid, opts.duration, opts.summary, opts.hz, opts.quiet, entries)
+        return attach_headless(
+            pid, opts.duration, opts.summary, opts.hz, opts.quiet, entries, opts.inject
+        )
     if argv[:1] == ["run"] and "--" in argv:
         # `torchmem run [OPTIONS] -- COMMAND...`: any command, an agent in each torch process.
         cut = argv.index("--")

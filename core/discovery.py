@@ -65,6 +65,14 @@ class AgentEntry:
         return f"{cmd}{rank}"
 
 
+def boot_id() -> str:
+    """This boot's id (Linux), so that a viewer knows it shares our monotonic clock."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def runtime_dir(create: bool = True) -> Path:
     """The per-user directory of agent entries, created 0700 and checked to be private."""
     override = os.environ.get("TORCHMEM_RUNTIME_DIR")

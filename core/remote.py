@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any
 
 import psutil
 
 from .client import AgentClient, AttachError
-from .discovery import AgentEntry
+from .discovery import AgentEntry, boot_id
 from .events import CommandResult, LogRecord, Marker, MarkerKind, RunFinished, RunStatus, Stream
 from .protocol import ProtocolError
 from .session import Session
@@ -69,6 +70,10 @@ class RemoteSource:
         welcome = self._client.connect()
         agent_now = welcome.get("now", 0.0)
         agent_now = float(agent_now) if isinstance(agent_now, (int, float)) else 0.0
+        t0 = welcome.get("t0")
+        same_clock = isinstance(t0, float) and welcome.get("boot_id") == boot_id() != ""
+        if same_clock:  # one machine: both sessions count from CLOCK_MONOTONIC, exactly
+            agent_now = time.monotonic() - t0
         if self.session.samples == 0 and self.session.run_started is None:
             self.session.align_clock(agent_now)
         self.offset = self.session.now() - agent_now

@@ -97,6 +97,7 @@ class MainWindow(QMainWindow):
         self._runs = 0
         self._stopping = False
         self._rerun_pending = False
+        self._inject_pid: int | None = None
 
         self.setWindowTitle("torchmem")
         self.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
@@ -218,6 +219,13 @@ class MainWindow(QMainWindow):
             "Ctrl+Shift+A",
             "Show a running process: one with torchmem.serve() or started by `torchmem run "
             "--attachable` (everything), or any torch process (RSS and GPU memory)",
+        )
+        self.act_inject = a(
+            "&Inject the agent (experimental)",
+            self.inject_agent,
+            None,
+            "Start torchmem's agent inside the watched process (gdb on Python < 3.14, "
+            "sys.remote_exec on 3.14), for steps, tensors, alerts and commands",
         )
         self.act_detach = a(
             "&Detach",
@@ -341,6 +349,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_isolated)
         m.addSeparator()
         m.addAction(self.act_attach)
+        m.addAction(self.act_inject)
         m.addAction(self.act_detach)
         m = mb.addMenu("&Memory")
         for act in (self.act_gc, self.act_empty, self.act_reset):
@@ -596,7 +605,16 @@ class MainWindow(QMainWindow):
         if accepted and pid is not None:
             self.attach(pid)
 
-    def attach(self, pid: int, entries: list | None = None) -> bool:
+    @Slot()
+    def inject_agent(self) -> None:
+        """Replace the outside watch of the attached process by an injected agent."""
+        run = self.attached
+        if run is None or run.has_agent:
+            return
+        self._inject_pid = run.pid
+        run.detach()  # attach again with injection once this watch has ended
+
+    def attach(self, pid: int, entries: list | None = None, inject: bool = False) -> bool:
         """Show process ``pid`` (and its ranks) in this window, following it in a QThread.
 
         ``entries`` reach agents without discovery (a socket forwarded from another host).
@@ -607,7 +625,7 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         self._runs += 1
         self._clear_views()
-        run = AttachedRun(self.session, pid, self.rate_spin.value(), entries)
+        run = AttachedRun(self.session, pid, self.rate_spin.value(), entries, inject)
         self.attached = run
         self.target = run
         self.tensors.referrers = run.referrers
@@ -637,8 +655,8 @@ class MainWindow(QMainWindow):
             self.banner.show_message(
                 f"{label}: watched from outside, without an agent: RSS and GPU memory only "
                 "(GPU figures include the CUDA context and caches). For steps, tensors and "
-                "alerts, add torchmem.serve() to the script or start it with `torchmem run "
-                "--attachable`.",
+                "alerts: Run > Inject the agent (experimental), or add torchmem.serve() to "
+                "the script, or start it with `torchmem run --attachable`.",
                 "info",
             )
         self._update_actions()
@@ -679,6 +697,9 @@ class MainWindow(QMainWindow):
                 self.run_label.setText(f"Detached from {self.attached.label}")
             self.attached = None
         self.target = self.source
+        if self._inject_pid is not None:
+            pid, self._inject_pid = self._inject_pid, None
+            QTimer.singleShot(0, lambda: self.attach(pid, inject=True))
         self.bridge.flush()
         self._update_actions()
         self._stopping = False
@@ -781,6 +802,9 @@ class MainWindow(QMainWindow):
         self.act_rerun.setEnabled(self.script is not None and self.attached is None)
         self.act_attach.setEnabled(not running)
         self.act_detach.setEnabled(self.attached is not None)
+        self.act_inject.setEnabled(
+            self.attached is not None and self.attached.watch is not None and running
+        )
         self.act_isolated.setEnabled(not running)
         has_acc = self.target.has_accelerator
         self.act_empty.setEnabled(has_acc)

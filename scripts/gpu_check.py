@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import tempfile
 import textwrap
 from pathlib import Path
@@ -133,6 +134,50 @@ def main() -> int:
             data["status"] == "out of memory" and r.returncode == 1,
             data["message"][:120],
         )
+
+        # The agent on CUDA: attach, the cuda series arrive, allocation history + snapshot.
+        served = Path(tmp) / "served_cuda.py"
+        served.write_text(
+            "import time, torch, torchmem\ntorchmem.serve()\n"
+            "x = torch.ones(64 << 20, device='cuda')\nprint('ready', flush=True)\n"
+            "for _ in range(600):\n    y = x * 2\n    time.sleep(0.05)\n"
+        )
+        env = {**os.environ, "TORCHMEM_RUNTIME_DIR": str(Path(tmp) / "rt")}
+        child = subprocess.Popen(
+            [sys.executable, str(served)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            child.stdout.readline()
+            os.environ["TORCHMEM_RUNTIME_DIR"] = env["TORCHMEM_RUNTIME_DIR"]
+            from torchmem.discovery import find_agent
+            from torchmem.remote import RemoteSource
+            from torchmem.session import Session
+
+            session = Session()
+            remote = RemoteSource(session, find_agent(child.pid))
+            remote.connect()
+            time.sleep(1.5)
+            keys = session.keys()
+            check(
+                "attached agent streams cuda:0 allocated",
+                "cuda:0/allocated" in keys and remote.has_accelerator,
+                ", ".join(keys),
+            )
+            started = remote.request("history_start")
+            snap = remote.request("snapshot")
+            remote.request("history_stop")
+            size = Path(snap["path"]).stat().st_size if Path(snap["path"]).exists() else 0
+            check(
+                "allocation history + memory_viz snapshot over the agent",
+                size > 0,
+                f"{started['message']}; {snap['path']} ({size} bytes)",
+            )
+            remote.close()
+        except Exception as exc:
+            check("agent on CUDA", False, f"{type(exc).__name__}: {exc}")
+        finally:
+            child.kill()
+            child.wait()
 
     table = "| check | result | detail |\n|---|---|---|\n" + "\n".join(
         f"| {n} | {'pass' if ok else 'FAIL'} | {d.replace('|', '/').strip()[:200]} |"

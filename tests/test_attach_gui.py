@@ -133,3 +133,32 @@ def test_attach_dialog_lists_agents(qtbot, served_proc, qtmodeltester):
     assert dialog.attach_button.isEnabled()
     dialog.accept()
     assert dialog.chosen_pid == served_proc.pid
+
+
+@pytest.mark.skipif(__import__("shutil").which("gdb") is None, reason="gdb is not installed")
+def test_inject_turns_an_outside_watch_into_a_full_attach(qtbot, make_window, runtime_dir):
+    proc = start([str(SCRIPTS / "plain_train.py")])
+    try:
+        assert proc.stdout.readline().strip() == "training"
+        window = make_window()
+        window.attach(proc.pid)
+        qtbot.waitUntil(lambda: window.act_inject.isEnabled(), timeout=30_000)
+        window.act_inject.trigger()
+        qtbot.waitUntil(
+            lambda: (
+                (window.attached is not None
+                and window.attached.has_agent)
+                or "Cannot attach" in window.banner.text()
+            ),
+            timeout=60_000,
+        )
+        if "does not let this process trace" in window.banner.text():
+            pytest.skip("ptrace refused here")
+        qtbot.waitUntil(lambda: window.session.steps.steps >= 3, timeout=30_000)
+        assert window.attached.injected
+        assert "injecting the agent" in log_text(window)
+        window.detach()
+        qtbot.waitUntil(lambda: not window.running, timeout=10_000)
+    finally:
+        proc.kill()
+        proc.communicate()

@@ -400,3 +400,31 @@ def test_fuzz_ten_thousand_frames_against_a_live_agent(runtime_dir):
         remote.close()
         proc.kill()
         proc.communicate()
+
+
+def test_tcp_fallback_needs_the_token_and_warns_off_loopback(runtime_dir, capsys):
+    session = Session()
+    source = InProcessSource(session, backends=[ProcessBackend()], hz=20)
+    agent = Agent(source, listen="127.0.0.1:0")
+    entry = agent.start()
+    try:
+        assert entry.address.startswith("tcp:127.0.0.1:")
+        assert "WARNING" not in capsys.readouterr().err, "loopback is not a warning"
+        viewer = Session()
+        remote = RemoteSource(viewer, entry)
+        remote.connect()
+        assert remote.request("ping")["now"] >= 0
+        remote.close()
+        bad = AgentEntry(**{**entry.__dict__, "token": "f" * 64})
+        with pytest.raises(AttachError, match="wrong or missing token"):
+            RemoteSource(Session(), bad).connect()
+    finally:
+        agent.close(linger_s=0)
+        source.close()
+    exposed = Agent(InProcessSource(Session(), backends=[ProcessBackend()]), listen="0.0.0.0:0")
+    exposed.start()
+    try:
+        err = capsys.readouterr().err
+        assert "WARNING" in err and "reachable from other machines" in err
+    finally:
+        exposed.close(linger_s=0)
