@@ -31,6 +31,8 @@ DASHED = {"peak_allocated", "available"}
 HIDDEN_BY_DEFAULT = {"available"}
 MARKER_COLORS = {MarkerKind.EPOCH: "#e377c2", MarkerKind.USER: "#bcbd22"}
 MAX_STEP_TICKS = 400
+#: Marker lines kept on the plots (the newest): thousands of lines would cost every frame.
+MAX_MARKER_LINES = 120
 
 
 #: One colour per rank of a job (metrics of a rank differ by line style and shade).
@@ -332,7 +334,11 @@ class TracePlot(pg.GraphicsLayoutWidget):
 
     def _draw_markers(self) -> None:
         markers = self.session.user_markers()
-        for marker in markers[len(self._marker_lines) :]:
+        last = self._marker_lines[-1][0] if self._marker_lines else None
+        start = 0
+        if last is not None:  # markers after the last one drawn (the deque may have rolled)
+            start = next((i + 1 for i in range(len(markers) - 1, -1, -1) if markers[i] is last), 0)
+        for marker in markers[start:][-MAX_MARKER_LINES:]:
             color = MARKER_COLORS.get(marker.kind, "#bcbd22")
             lines = []
             for i, plot in enumerate((*self.plots.values(), self.steps_plot)):
@@ -349,6 +355,12 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 lines.append(line)
             self._marker_lines.append((marker, lines))
             self._place_marker(marker)
+        while len(self._marker_lines) > MAX_MARKER_LINES:
+            _, old_lines = self._marker_lines.pop(0)
+            for line in old_lines:
+                view = line.getViewBox()
+                if view is not None:
+                    view.removeItem(line)
 
     def _draw_alerts(self) -> None:
         """A red line where each alert was first raised (once per alert key)."""

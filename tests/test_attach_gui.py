@@ -146,8 +146,7 @@ def test_inject_turns_an_outside_watch_into_a_full_attach(qtbot, make_window, ru
         window.act_inject.trigger()
         qtbot.waitUntil(
             lambda: (
-                (window.attached is not None
-                and window.attached.has_agent)
+                (window.attached is not None and window.attached.has_agent)
                 or "Cannot attach" in window.banner.text()
             ),
             timeout=60_000,

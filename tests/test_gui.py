@@ -266,3 +266,21 @@ def test_dark_theme_darkens_the_plots(window):
         assert window.plot.backgroundBrush().color().lightness() > 200
     finally:
         apply_theme(QApplication.instance(), "system")
+
+
+def test_only_the_newest_marker_lines_are_kept(qtbot, window):
+    from torchmem.events import Marker, MarkerKind
+    from torchmem.gui.trace_plot import MAX_MARKER_LINES
+
+    session = window.session
+    for i in range(3 * MAX_MARKER_LINES):
+        session.submit(Sample(i * 0.1, {"cpu/rss": 1e8}))
+        session.submit(Marker(i * 0.1, MarkerKind.USER, f"mark {i}", i))
+        if i % 50 == 0:
+            window.plot.refresh(force=True)
+    window.plot.refresh(force=True)
+    labels = [m.label for m, _ in window.plot._marker_lines]
+    assert len(labels) == MAX_MARKER_LINES, "thousands of lines would slow every frame"
+    assert labels[-1] == f"mark {3 * MAX_MARKER_LINES - 1}" and labels == sorted(
+        labels, key=lambda text: int(text.split()[1])
+    )

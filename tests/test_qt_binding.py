@@ -7,6 +7,7 @@ this test catches a binding with the same fault before users do.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 from PySide6.QtCore import QObject, Signal
@@ -22,17 +23,24 @@ def test_emitting_signals_keeps_refcounts_of_singletons(qtbot):
     received = []
     emitter.plain.connect(lambda: received.append(1))
     emitter.payload.connect(received.append)
-    before = {
-        name: sys.getrefcount(obj)
-        for name, obj in (("True", True), ("False", False), ("None", None))
-    }
-    for _ in range(300):  # fewer than the ~600 that crash the faulty binding
-        emitter.plain.emit()
-        emitter.payload.emit([1])
-    after = {
-        name: sys.getrefcount(obj)
-        for name, obj in (("True", True), ("False", False), ("None", None))
-    }
+    # Garbage freed meanwhile (by a collection) would drop references too: none during
+    # the measurement, so that only the emits can change the counts.
+    gc.collect()
+    gc.disable()
+    try:
+        before = {
+            name: sys.getrefcount(obj)
+            for name, obj in (("True", True), ("False", False), ("None", None))
+        }
+        for _ in range(300):  # fewer than the ~600 that crash the faulty binding
+            emitter.plain.emit()
+            emitter.payload.emit([1])
+        after = {
+            name: sys.getrefcount(obj)
+            for name, obj in (("True", True), ("False", False), ("None", None))
+        }
+    finally:
+        gc.enable()
     assert len(received) == 600
     for name in before:
         assert after[name] >= before[name] - 20, (
