@@ -101,6 +101,9 @@ def inject_agent(pid: int, timeout: float = INJECT_TIMEOUT_S) -> AgentEntry:
             raise InjectError(f"process {pid} belongs to another user")
     except psutil.NoSuchProcess:
         raise InjectError(f"no process with pid {pid}") from None
+    version = _target_python(pid)
+    if version is None:
+        raise InjectError(f"process {pid} is not a Python process (no python in its map)")
     directory = runtime_dir()
     script = directory / f"inject-{pid}.py"
     error_file = directory / f"inject-{pid}.err"
@@ -110,9 +113,8 @@ def inject_agent(pid: int, timeout: float = INJECT_TIMEOUT_S) -> AgentEntry:
     with os.fdopen(fd, "w") as f:
         f.write(_script(directory))
     try:
-        version = _target_python(pid)
         remote_exec = getattr(sys, "remote_exec", None)
-        if remote_exec is not None and version is not None and version >= (3, 14):
+        if remote_exec is not None and version >= (3, 14):
             try:
                 remote_exec(pid, str(script))
             except (OSError, RuntimeError) as exc:

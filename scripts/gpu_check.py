@@ -13,9 +13,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
