@@ -126,7 +126,7 @@ class RemoteSource:
     def set_rate(self, hz: float) -> None:
         """Change the agent's sampling rate."""
         with contextlib.suppress(AttachError):  # a lost connection is reported by _on_closed
-            self._client.request("set_rate", {"hz": float(hz)})
+            self._client.request("set_rate", {"hz": float(hz)}, timeout=2.0)
 
     def referrers(self, tensor: Any) -> dict[str, Any]:
         """What keeps a tensor of the attached process alive (its referrer chain)."""
@@ -139,6 +139,7 @@ class RemoteSource:
                 "stride": list(tensor.stride),
                 "offset": tensor.storage_offset,
             },
+            timeout=10.0,
         )
 
     def request(self, name: str, args: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
