@@ -10,6 +10,7 @@ the driver charges to it (CUDA context and allocator cache included).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -263,7 +264,8 @@ class AttachedRun:
         multi = len(entries) > 1
         errors = []
         if multi:  # before the first connection, so that no live sample is missed
-            self.totals = RankTotals(self.session, {_scope(e) for e in entries})
+            # Nothing counts until every rank is connected (replays arrive meanwhile).
+            self.totals = RankTotals(self.session, {_scope(e) for e in entries}, math.inf)
         for entry in entries:
             prefix = f"{_scope(entry)}/" if multi else ""
             remote = RemoteSource(self.session, entry, prefix)
@@ -279,6 +281,8 @@ class AttachedRun:
             if self.totals is not None:
                 self.totals.close()
             raise AttachError("; ".join(errors))
+        if self.totals is not None:  # the clock is the agents' now: replays come before it
+            self.totals.since = self.session.now()
         for error in errors:  # some ranks attached, others not: say which
             self.session.submit(LogRecord(self.session.now(), Stream.TORCHMEM, error))
 

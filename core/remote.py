@@ -18,7 +18,16 @@ import psutil
 
 from .client import AgentClient, AttachError
 from .discovery import AgentEntry, boot_id
-from .events import CommandResult, LogRecord, Marker, MarkerKind, RunFinished, RunStatus, Stream
+from .events import (
+    CommandResult,
+    LogRecord,
+    Marker,
+    MarkerKind,
+    RunFinished,
+    RunStarted,
+    RunStatus,
+    Stream,
+)
 from .protocol import ProtocolError
 from .session import Session
 from .wire import event_from_wire
@@ -172,6 +181,10 @@ class RemoteSource:
                     label = f"{self.label} {event.status.value}"
                     self.session.submit(Marker(event.t, MarkerKind.USER, label, 0))
                     continue
+            if self.prefix and isinstance(event, RunStarted) and self.session.run_started:
+                text = f"{self.label}: running {event.script} {' '.join(event.argv)}".rstrip()
+                self.session.submit(LogRecord(event.t, Stream.TORCHMEM, text))
+                continue
             if self.prefix:
                 event = self._renamed(event)
             self.session.submit(event)
