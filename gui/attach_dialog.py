@@ -124,7 +124,9 @@ class AttachDialog(QDialog):
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SingleSelection)
         self.table.verticalHeader().hide()
-        self.table.horizontalHeader().setSectionResizeMode(5, QHeaderView.Stretch)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeToContents)
+        header.setSectionResizeMode(5, QHeaderView.Stretch)
         self.table.doubleClicked.connect(self.accept)
         self.status = QLabel("Looking for processes…")
         self.status.setWordWrap(True)
@@ -163,6 +165,7 @@ class AttachDialog(QDialog):
     @Slot(list)
     def _on_listed(self, rows: list[ProcessInfo]) -> None:
         selected = self.selected_pid()
+        rows = sorted(rows, key=lambda r: (r.agent is None, r.pid))  # attachable ones first
         self.model.set_rows(rows)
         agents = sum(1 for r in rows if r.agent)
         self.status.setText(
@@ -171,8 +174,10 @@ class AttachDialog(QDialog):
             else "No torch process of yours is running. Start one with `torchmem run "
             "--attachable SCRIPT`, or add torchmem.serve() to a script."
         )
+        if selected is None and rows and rows[0].agent is not None:
+            selected = rows[0].pid  # the first attachable process, ready for Enter
         for i, row in enumerate(rows):
-            if row.pid == selected or (selected is None and row.agent and i == 0):
+            if row.pid == selected:
                 self.table.selectRow(i)
                 break
 
