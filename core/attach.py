@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from .backends import process_backends
+from .backends import backends_capacity, process_backends
 from .client import AttachError
 from .discovery import AgentEntry, list_agents
 from .events import CommandResult, LogRecord, RunFinished, RunStarted, RunStatus, Stream
@@ -29,6 +29,7 @@ from .rank_totals import RankTotals
 from .remote import RemoteSource
 from .sampler import Sampler
 from .session import Session
+from .summary_file import write_summary
 from .units import format_bytes
 
 
@@ -159,13 +160,7 @@ class ProcessWatchSource:
 
     def capacity(self) -> dict[str, int]:
         """Total memory per device, where known."""
-        caps: dict[str, int] = {}
-        for backend in self.backends:
-            try:
-                caps.update(backend.capacity())
-            except Exception:
-                continue
-        return caps
+        return backends_capacity(self.backends)
 
     def start(self) -> None:
         """Start sampling; the Session hears that a watch started."""
@@ -456,13 +451,6 @@ def attach_headless(
         sys.stderr.write(
             f"torchmem: detached after {data['samples']} samples; peaks: {peaks or 'none'}\n"
         )
-    if summary_path:
-        out = Path(summary_path)
-        try:
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(json.dumps(data, indent=2) + "\n")
-            os.replace(tmp, out)
-        except OSError as exc:
-            sys.stderr.write(f"torchmem: cannot write the summary to {summary_path}: {exc}\n")
-            return 1
+    if summary_path and not write_summary(summary_path, data):
+        return 1
     return 0

@@ -346,6 +346,17 @@ def discover_backends(pid: int | None = None) -> list[MemoryBackend]:
     return backends
 
 
+def backends_capacity(backends: list[MemoryBackend]) -> dict[str, int]:
+    """Total memory per device over ``backends`` (a backend that fails is skipped)."""
+    caps: dict[str, int] = {}
+    for backend in backends:
+        try:
+            caps.update(backend.capacity())
+        except Exception:
+            continue
+    return caps
+
+
 def process_backends(pid: int) -> list[MemoryBackend]:
     """Backends that watch another process from outside: psutil, and NVML when a driver
     answers (GPU memory as nvidia-smi shows it, CUDA context and caches included)."""

@@ -7,16 +7,14 @@ its output goes straight to the terminal, and the exit code is the script's.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from . import __version__
 from .events import RunFinished, RunStatus
 from .session import Session
 from .source import InProcessSource
+from .summary_file import write_summary
 from .units import format_bytes
 
 #: Exit code of ``torchmem run --fail-on-leak`` when a leak alert fired.
@@ -109,15 +107,8 @@ def run_headless(
             f"{alert.first_step}): {alert.message}\n"
             + (f"torchmem:   fix: {alert.suggestion}\n" if alert.suggestion else "")
         )
-    if summary_path:
-        try:
-            out = Path(summary_path)
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(json.dumps(data, indent=2) + "\n")
-            os.replace(tmp, out)
-        except OSError as exc:
-            sys.stderr.write(f"torchmem: cannot write the summary to {summary_path}: {exc}\n")
-            return result.exit_code or 1
+    if summary_path and not write_summary(summary_path, data):
+        return result.exit_code or 1
     if fail_on_leak and leaks and result.exit_code == 0:
         sys.stderr.write(
             f"torchmem: --fail-on-leak: {len(leaks)} leak alert(s), exit {EXIT_LEAK}\n"

@@ -10,7 +10,6 @@ the command's exit code.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -27,6 +26,7 @@ from .rank_totals import RankTotals
 from .remote import RemoteSource
 from .resources import path as resource_path
 from .session import Session
+from .summary_file import write_summary
 from .units import format_bytes
 
 
@@ -140,15 +140,8 @@ def run_command(
             f"{data['duration_s']:.1f} s; {len(ranks)} process(es) with torch; peaks: "
             f"{peaks or 'none'}\n"
         )
-    if summary_path:
-        out = Path(summary_path)
-        try:
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(json.dumps(data, indent=2) + "\n")
-            os.replace(tmp, out)
-        except OSError as exc:
-            sys.stderr.write(f"torchmem: cannot write the summary to {summary_path}: {exc}\n")
-            return code or 1
+    if summary_path and not write_summary(summary_path, data):
+        return code or 1
     return code
 
 

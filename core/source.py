@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .backends import MemoryBackend, discover_backends
+from .backends import MemoryBackend, backends_capacity, discover_backends
 from .census_schedule import CensusSchedule
 from .commands import empty_cache, gc_collect, reset_peaks
 from .events import CensusTaken, CommandResult, Event, Marker, MarkerKind, RunFinished
@@ -88,13 +88,7 @@ class InProcessSource:
 
     def capacity(self) -> dict[str, int]:
         """Total memory per device, where known."""
-        caps: dict[str, int] = {}
-        for backend in self.backends:
-            try:
-                caps.update(backend.capacity())
-            except Exception:
-                continue
-        return caps
+        return backends_capacity(self.backends)
 
     # -- runs ---------------------------------------------------------------------------
     def run_script(

@@ -24,6 +24,16 @@ def job(*script_args):
     )  # fmt: skip
 
 
+def stop_job(proc):
+    """Ctrl+C the job as a user would (torchrun forwards it to the ranks); kill if stuck."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+
+
 def wait_for_ranks(proc, n=2, timeout=90):
     wait_until(lambda: len(agents_for(proc.pid)) >= n or proc.poll() is not None, timeout)
     ranks = agents_for(proc.pid)
@@ -80,12 +90,7 @@ def test_attach_to_the_launcher_follows_both_ranks_and_survives_a_dead_rank(runt
         run.detach()
         run.follow()
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+        stop_job(proc)
 
 
 @pytest.mark.usefixtures("runtime_dir")
@@ -107,9 +112,17 @@ def test_window_shows_one_trace_per_rank_a_total_and_a_rank_filter(qtbot, make_w
         window.detach()
         qtbot.waitUntil(lambda: not window.running, timeout=10_000)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+        stop_job(proc)
+
+
+def test_serve_inside_a_plain_torchrun_script_registers_each_rank(runtime_dir):
+    proc = start([*TORCHRUN, str(SCRIPTS / "ddp_train.py"), "--serve", "--steps", "0"])
+    try:
+        ranks = wait_for_ranks(proc)
+        assert sorted((e.rank, e.local_rank, e.world_size) for e in ranks) == [
+            (0, 0, 2),
+            (1, 1, 2),
+        ]
+        assert all(e.pid != proc.pid for e in ranks), "the launcher itself has no agent"
+    finally:
+        stop_job(proc)

@@ -10,7 +10,12 @@ import torch.distributed as dist
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=0, help="0: until stopped")
 parser.add_argument("--sleep", type=float, default=0.05)
+parser.add_argument("--serve", action="store_true", help="call torchmem.serve() itself")
 opts = parser.parse_args()
+if opts.serve:
+    import torchmem
+
+    torchmem.serve()
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
