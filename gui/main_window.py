@@ -805,6 +805,13 @@ class MainWindow(QMainWindow):
         self.act_inject.setEnabled(
             self.attached is not None and self.attached.watch is not None and running
         )
+        local = self.attached is None
+        self.act_leak_settings.setEnabled(local)
+        self.act_leak_settings.setToolTip(
+            "Thresholds and warm-up of leak and capacity alerts"
+            if local
+            else "An attached process raises alerts with its own (default) settings"
+        )
         self.act_isolated.setEnabled(not running)
         has_acc = self.target.has_accelerator
         self.act_empty.setEnabled(has_acc)
