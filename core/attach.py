@@ -376,12 +376,10 @@ class AttachedRun:
 
     def referrers(self, tensor: Any) -> dict[str, Any]:
         """What keeps ``tensor`` (from a census of an attached process) alive."""
-        result: dict[str, Any] = {"alive": False, "chain": []}
-        for remote in self.remotes:  # a census does not say which rank took it: ask each
-            result = remote.referrers(tensor)
-            if result.get("alive"):
-                break
-        return result
+        for remote in self.remotes:  # a rank's tensors carry its prefix: "rank1/cpu"
+            if len(self.remotes) == 1 or tensor.device.startswith(remote.prefix):
+                return remote.referrers(tensor)
+        raise AttachError(f"no attached process holds tensors on {tensor.device}")
 
 
 def entry_from_file(path: str, address: str | None = None) -> AgentEntry:

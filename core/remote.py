@@ -19,6 +19,7 @@ import psutil
 from .client import AgentClient, AttachError
 from .discovery import AgentEntry, boot_id
 from .events import (
+    CensusTaken,
     CommandResult,
     LogRecord,
     Marker,
@@ -30,6 +31,7 @@ from .events import (
 )
 from .protocol import ProtocolError
 from .session import Session
+from .tensor_census import Census, StorageInfo
 from .wire import event_from_wire
 
 
@@ -142,7 +144,7 @@ class RemoteSource:
         return self._client.request(
             "referrers",
             {
-                "device": tensor.device,
+                "device": tensor.device.removeprefix(self.prefix),
                 "data_ptr": tensor.storage_key[1],
                 "shape": list(tensor.shape),
                 "stride": list(tensor.stride),
@@ -200,6 +202,8 @@ class RemoteSource:
             )
         if isinstance(event, Alert):
             return replace(event, key=self.prefix + event.key, series=self.prefix + event.series)
+        if isinstance(event, CensusTaken):  # "rank1/cpu": the panel and chart say which rank
+            return replace(event, census=_prefixed_census(event.census, self.prefix))
         return event
 
     def _on_closed(self, reason: str) -> None:
@@ -224,6 +228,18 @@ class RemoteSource:
             )
             self.session.submit(RunFinished(now, RunStatus.FAILED, -1, message))
         self.ended.set()
+
+
+def _prefixed_census(census: Census, prefix: str) -> Census:
+    """The census of one rank, its devices named ``rank1/cpu``, ``rank1/cuda:0``."""
+    from dataclasses import replace
+
+    storages = {}
+    for (device, ptr), storage in census.storages.items():
+        key = (prefix + device, ptr)
+        tensors = [replace(t, device=prefix + t.device, storage_key=key) for t in storage.tensors]
+        storages[key] = StorageInfo(key, storage.nbytes, tensors)
+    return Census(storages, census.skipped, census.duration_s, census.step)
 
 
 def _gone(pid: int) -> bool:

@@ -109,6 +109,18 @@ def test_window_shows_one_trace_per_rank_a_total_and_a_rank_filter(qtbot, make_w
         window.rank_combo.setCurrentIndex(window.rank_combo.findData("rank1"))
         visible = window.plot.visible_keys()
         assert visible and all(k.startswith("rank1/") for k in visible)
+
+        # A census of each rank, named after its rank, and its tensors' referrers asked of
+        # the right process.
+        window.act_census.trigger()
+        qtbot.waitUntil(lambda: window.tensors.model.census is not None, timeout=60_000)
+        census = window.tensors.model.census
+        assert all(d.startswith(("rank0/", "rank1/")) for d in census.devices())
+        buffer = next(t for t in census.tensors() if t.name == "rank_buffer")
+        from torchmem.gui.tensor_panel import details_text
+
+        text = details_text(buffer, census.storages[buffer.storage_key], window.tensors.referrers)
+        assert "What keeps it alive (nearest first)" in text and "rank_buffer" in text
         window.detach()
         qtbot.waitUntil(lambda: not window.running, timeout=10_000)
     finally:
