@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shlex
 import sys
 from pathlib import Path
@@ -676,6 +677,10 @@ class MainWindow(QMainWindow):
         self.session.reset()
         self.plot.clear_data()
         self.plot.scope = None
+        # Garbage of the previous run's views is freed now, in the GUI thread, before the
+        # script (or the gc.collect button) can trigger a collection in another thread:
+        # PySide6 deadlocks destroying a Qt object there.
+        gc.collect()
         self.readings.clear_rows()
         self.tensors.clear()
         self.breakdown.refresh(force=True)

@@ -65,6 +65,19 @@ def plot_group(key: str) -> str:
     return "host" if device in ("cpu", "system") else "accelerator"
 
 
+def _discard(item: pg.GraphicsObject) -> None:
+    """Take an item off its plot and have Qt delete it here, in the GUI thread.
+
+    A removed pyqtgraph item is often in a reference cycle. Left to Python's gc it could be
+    destroyed by a collection in another thread (the script's, the command thread's
+    gc.collect()), and destroying a Qt object there deadlocks PySide6.
+    """
+    view = item.getViewBox()
+    if view is not None:
+        view.removeItem(item)
+    item.deleteLater()
+
+
 class TracePlot(pg.GraphicsLayoutWidget):
     """Accelerator and host memory plots over a step strip, sharing one X axis."""
 
@@ -232,17 +245,22 @@ class TracePlot(pg.GraphicsLayoutWidget):
     def clear_data(self) -> None:
         """Drop curves and markers (a new run)."""
         for key, curve in self._curves.items():
-            self.legend.removeItem(curve)
+            for sample, label in list(self.legend.items):
+                if sample.item is curve:
+                    self.legend.removeItem(curve)
+                    sample.deleteLater()
+                    label.deleteLater()
             self.plots[plot_group(key)].removeItem(curve)
+            curve.deleteLater()
         self._curves.clear()
         self._xy.clear()
         for _, lines in self._marker_lines:
             for line in lines:
-                line.getViewBox() and line.getViewBox().removeItem(line)
+                _discard(line)
         self._marker_lines.clear()
         for _, lines in self._alert_lines.values():
             for line in lines:
-                line.getViewBox() and line.getViewBox().removeItem(line)
+                _discard(line)
         self._alert_lines.clear()
         self.step_ticks.setData([], [])
         self.samples_drawn = 0
@@ -358,9 +376,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         while len(self._marker_lines) > MAX_MARKER_LINES:
             _, old_lines = self._marker_lines.pop(0)
             for line in old_lines:
-                view = line.getViewBox()
-                if view is not None:
-                    view.removeItem(line)
+                _discard(line)
 
     def _draw_alerts(self) -> None:
         """A red line where each alert was first raised (once per alert key)."""
