@@ -29,7 +29,7 @@ from .rank_totals import RankTotals
 from .remote import RemoteSource
 from .sampler import Sampler
 from .session import Session
-from .summary_file import write_summary
+from .summary_file import int_peaks, write_summary
 from .units import format_bytes
 
 
@@ -198,11 +198,6 @@ class ProcessWatchSource:
         self.sampler.stop()
 
 
-def _scope(entry: AgentEntry) -> str:
-    """How the series of one process of a job are prefixed: ``rank1``, or ``pid4242``."""
-    return f"rank{entry.rank}" if entry.rank is not None else f"pid{entry.pid}"
-
-
 class AttachedRun:
     """Everything attached for one pid: its agent, the agents of its ranks, or a watch.
 
@@ -260,16 +255,16 @@ class AttachedRun:
         errors = []
         if multi:  # before the first connection, so that no live sample is missed
             # Nothing counts until every rank is connected (replays arrive meanwhile).
-            self.totals = RankTotals(self.session, {_scope(e) for e in entries}, math.inf)
+            self.totals = RankTotals(self.session, {e.scope for e in entries}, math.inf)
         for entry in entries:
-            prefix = f"{_scope(entry)}/" if multi else ""
+            prefix = f"{entry.scope}/" if multi else ""
             remote = RemoteSource(self.session, entry, prefix)
             try:
                 remote.connect()
             except AttachError as exc:
                 errors.append(str(exc))
                 if self.totals is not None:
-                    self.totals.forget(_scope(entry))
+                    self.totals.forget(entry.scope)
                 continue
             self.remotes.append(remote)
         if not self.remotes:
@@ -431,7 +426,7 @@ def attach_headless(
         "injected": run.injected,
         "attached": "agent" if run.remotes else "process",
         "samples": session.samples,
-        "peak_bytes": {k: int(v) for k, v in session.peak_bytes().items()},
+        "peak_bytes": int_peaks(session.peak_bytes()),
         "ranks": [
             {
                 "pid": r.pid,

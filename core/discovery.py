@@ -58,6 +58,11 @@ class AgentEntry:
         return data
 
     @property
+    def scope(self) -> str:
+        """How the series of this process are prefixed in a job: ``rank1``, or ``pid4242``."""
+        return f"rank{self.rank}" if self.rank is not None else f"pid{self.pid}"
+
+    @property
     def title(self) -> str:
         """A short description: the command line, and the rank for torchrun jobs."""
         cmd = " ".join(Path(a).name if i == 0 else a for i, a in enumerate(self.argv[:6]))

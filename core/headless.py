@@ -14,7 +14,7 @@ from . import __version__
 from .events import RunFinished, RunStatus
 from .session import Session
 from .source import InProcessSource
-from .summary_file import write_summary
+from .summary_file import int_peaks, write_summary
 from .units import format_bytes
 
 #: Exit code of ``torchmem run --fail-on-leak`` when a leak alert fired.
@@ -35,7 +35,7 @@ def summary(session: Session, source: InProcessSource, result: RunFinished) -> d
         "duration_s": round(result.duration_s, 3),
         "steps": source.steps_seen,
         "samples": session.samples,
-        "peak_bytes": {k: int(v) for k, v in session.peak_bytes().items()},
+        "peak_bytes": int_peaks(session.peak_bytes()),
         "capacity_bytes": source.capacity(),
         "alerts": [a.to_json() for a in session.alert_list()],
         "traceback": result.traceback,

@@ -26,7 +26,7 @@ from .rank_totals import RankTotals
 from .remote import RemoteSource
 from .resources import path as resource_path
 from .session import Session
-from .summary_file import write_summary
+from .summary_file import int_peaks, write_summary
 from .units import format_bytes
 
 
@@ -65,10 +65,9 @@ class _RankFollower:
             for entry in agents_for(os.getpid()):
                 if entry.pid in self.remotes:
                     continue
-                scope = f"rank{entry.rank}" if entry.rank is not None else f"pid{entry.pid}"
                 if entry.world_size and not self.totals.expected:
                     self.totals.expected = {f"rank{r}" for r in range(entry.world_size)}
-                remote = RemoteSource(self.session, entry, f"{scope}/", report_end=True)
+                remote = RemoteSource(self.session, entry, f"{entry.scope}/", report_end=True)
                 try:
                     remote.connect()
                 except AttachError:
@@ -121,7 +120,7 @@ def run_command(
         "exit_code": code,
         "duration_s": round(time.monotonic() - started, 3),
         "samples": session.samples,
-        "peak_bytes": {k: int(v) for k, v in session.peak_bytes().items()},
+        "peak_bytes": int_peaks(session.peak_bytes()),
         "ranks": [
             {
                 "pid": r.pid,

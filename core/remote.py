@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import psutil
 
+from .backends import scope_label
 from .client import AgentClient, AttachError
 from .discovery import AgentEntry, boot_id
 from .events import (
+    Alert,
     CensusTaken,
     CommandResult,
     LogRecord,
@@ -27,6 +30,7 @@ from .events import (
     RunFinished,
     RunStarted,
     RunStatus,
+    Sample,
     Stream,
 )
 from .protocol import ProtocolError
@@ -66,9 +70,7 @@ class RemoteSource:
     @property
     def label(self) -> str:
         """How the views name this process: its rank in a job, else its pid."""
-        if self.entry.rank is not None:
-            return f"rank {self.entry.rank}"
-        return f"pid {self.entry.pid}"
+        return scope_label(self.entry.scope)
 
     # -- life cycle -------------------------------------------------------------------------
     def connect(self) -> dict[str, Any]:
@@ -192,10 +194,6 @@ class RemoteSource:
             self.session.submit(event)
 
     def _renamed(self, event: Any) -> Any:
-        from dataclasses import replace
-
-        from .events import Alert, Sample
-
         if isinstance(event, Sample):
             return Sample(
                 event.t, {self.prefix + k: v for k, v in event.values.items()}, event.step
@@ -232,8 +230,6 @@ class RemoteSource:
 
 def _prefixed_census(census: Census, prefix: str) -> Census:
     """The census of one rank, its devices named ``rank1/cpu``, ``rank1/cuda:0``."""
-    from dataclasses import replace
-
     storages = {}
     for (device, ptr), storage in census.storages.items():
         key = (prefix + device, ptr)

@@ -9,6 +9,11 @@ from pathlib import Path
 from typing import Any
 
 
+def int_peaks(peaks: dict[str, float]) -> dict[str, int]:
+    """Peak bytes per series as a summary writes them (whole bytes)."""
+    return {k: int(v) for k, v in peaks.items()}
+
+
 def write_summary(path: str, data: dict[str, Any]) -> bool:
     """Write ``data`` as JSON to ``path`` atomically; on failure say why on stderr and
     return False (the caller picks the exit code)."""

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 
 from torchmem import __version__
 from torchmem.attach import AttachedRun
+from torchmem.backends import scope_label
 from torchmem.events import (
     Alert,
     CensusTaken,
@@ -718,8 +719,6 @@ class MainWindow(QMainWindow):
         known = [self.rank_combo.itemData(i) for i in range(1, self.rank_combo.count())]
         if scopes == known:
             return
-        from torchmem.backends import scope_label
-
         current = self.rank_combo.currentData()
         self.rank_combo.blockSignals(True)
         self.rank_combo.clear()
