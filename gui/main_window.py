@@ -49,6 +49,7 @@ from .alert_panel import AlertPanel
 from .banner import Banner
 from .breakdown_plot import BreakdownPlot
 from .bridge import SessionBridge
+from .gui_gc import GuiThreadCollector
 from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
 from .readings import ReadingsTable
@@ -109,6 +110,8 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._build_status_bar()
         self._start_command_thread()
+        # From here on every cyclic collection of this process runs in the GUI thread.
+        self._collector = GuiThreadCollector.acquire()
         self.bridge.changed.connect(self._on_changed)
         self.bridge.events.connect(self._on_events)
         self.plot.follow_changed.connect(self.act_follow.setChecked)
@@ -679,8 +682,8 @@ class MainWindow(QMainWindow):
         self.plot.clear_data()
         self.plot.scope = None
         # Garbage of the previous run's views is freed now, in the GUI thread, before the
-        # script (or the gc.collect button) can trigger a collection in another thread:
-        # PySide6 deadlocks destroying a Qt object there.
+        # script can call gc.collect() in its own (see gui_gc: PySide6 deadlocks destroying
+        # a Qt object off the GUI thread).
         gc.collect()
         self.readings.clear_rows()
         self.tensors.clear()
@@ -796,6 +799,11 @@ class MainWindow(QMainWindow):
         each result arrives through the Session like any other event.
         """
         self.statusBar().showMessage(f"{COMMAND_LABELS.get(name, name)}…")
+        if name == "gc_collect" and self.target is self.source:
+            # A collection in this process must run in the GUI thread (see gui_gc); it
+            # holds the GIL throughout, so the window would wait for it anyway.
+            self.source.command(name)
+            return
         self.command_requested.emit(name)
 
     # -- state ----------------------------------------------------------------------------
@@ -942,6 +950,9 @@ class MainWindow(QMainWindow):
         self.bridge.close()
         self.source.close()
         self.isolated.close()
+        if self._collector is not None:
+            GuiThreadCollector.release()
+            self._collector = None
         self.force_exit_needed = not clean
         return clean
 

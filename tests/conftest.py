@@ -48,7 +48,11 @@ def _no_dangling_threads(request, monkeypatch):
         # gc.collect button, a census), PySide6 deadlocks destroying them there.
         import gc
 
+        from torchmem.gui.gui_gc import GuiThreadCollector
+
         gc.collect()
+        assert not GuiThreadCollector.active(), "a window was left open (gc stays pinned)"
+        assert gc.isenabled(), "automatic garbage collection was not given back"
     dangling = []
     for thread, where in list(started.items()):
         try:
