@@ -163,3 +163,43 @@ def test_diff_reports_new_freed_and_named_share():
     assert d.new_bytes >= 3 * 1024
     assert after.named_share() > 0.95
     del grown
+
+
+def test_a_census_leaves_the_scripts_garbage_collection_as_it_was():
+    import gc
+
+    assert gc.isenabled()
+    take_census()
+    assert gc.isenabled(), "a census must not leave automatic collection off"
+    gc.disable()
+    try:
+        take_census()
+        assert not gc.isenabled(), "a script that turned collection off keeps it off"
+    finally:
+        gc.enable()
+
+
+def test_pinned_host_memory_is_asked_once_per_storage_and_only_with_an_accelerator(
+    monkeypatch,
+):
+    from torchmem import tensor_census
+
+    base = torch.zeros(64)
+    views = [base[i:] for i in range(5)]
+    asked = []
+
+    def is_pinned(t):
+        asked.append(t)
+        return True
+
+    monkeypatch.setattr(tensor_census, "_is_pinned", is_pinned)
+    monkeypatch.setattr(tensor_census, "_pinning_possible", lambda torch: False)
+    c = take_census([("", {"base": base, "views": views})])
+    assert not asked and not any(t.pinned for t in storage_of(c, base).tensors)
+
+    monkeypatch.setattr(tensor_census, "_pinning_possible", lambda torch: True)
+    c = take_census([("", {"base": base, "views": views})])
+    infos = storage_of(c, base).tensors
+    assert len(infos) == 6 and all(t.pinned for t in infos)
+    assert sum(1 for t in asked if t.untyped_storage().data_ptr() == base.data_ptr()) == 1
+    del views
