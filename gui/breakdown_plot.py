@@ -1,16 +1,22 @@
-"""Where the tensor bytes go, by kind, across the censuses taken so far (stacked areas)."""
+"""Where the tensor bytes go, by kind, across the censuses taken so far (stacked areas).
+
+A census is a snapshot: its figures hold from its step until the next census (the areas
+are drawn as steps, not interpolated), and the newest one holds up to the run's latest
+step. The legend sits above the plot, as a line of swatches with the newest census's
+bytes per kind, so it never covers the areas of a small dock.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Slot
+from PySide6.QtCore import Qt, Slot
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from torchmem.session import Session
 from torchmem.tensor_census import KIND_LABELS, KINDS
-from torchmem.units import UNITS, auto_unit
+from torchmem.units import UNITS, auto_unit, format_bytes
 
 KIND_COLORS = {
     "parameter": "#1f77b4",
@@ -20,6 +26,10 @@ KIND_COLORS = {
     "activation": "#d62728",
     "plain": "#7f7f7f",
 }
+
+
+#: Redraw for a newer step (the newest census's area grows) every this many steps.
+STEP_REDRAW = 10
 
 
 class BreakdownPlot(QWidget):
@@ -35,13 +45,19 @@ class BreakdownPlot(QWidget):
         self.plot.showGrid(y=True, alpha=0.25)
         self.plot.setLabel("bottom", "step")
         self.plot.setMouseEnabled(y=False)
-        self.legend = self.plot.addLegend(offset=(5, 5), labelTextSize="8pt")
+        self.legend = QLabel()
+        self.legend.setWordWrap(True)
+        self.legend.setTextFormat(Qt.RichText)
+        self.legend.setToolTip(
+            "Unique tensor bytes by kind at the newest census (views counted once); the "
+            "areas stack them from census to census"
+        )
         self.empty = QLabel("Tensor bytes by kind appear here after the first census.")
         self.empty.setWordWrap(True)
         self._curves: list[pg.PlotDataItem] = []
         self._fills: list[pg.FillBetweenItem] = []
-        self._swatches: list[pg.PlotDataItem] = []
-        base = self.plot.plot([], [], pen=None)
+        # An invisible floor (a pen of no colour: with pen=None it draws no path to fill to).
+        base = self.plot.plot([], [], pen=pg.mkPen(0, 0, 0, 0))
         previous = base
         for kind in KINDS:
             color = QColor(KIND_COLORS[kind])
@@ -50,24 +66,19 @@ class BreakdownPlot(QWidget):
             fill_color.setAlpha(150)
             fill = pg.FillBetweenItem(previous, curve, brush=pg.mkBrush(fill_color))
             self.plot.addItem(fill)
-            # A stand-in that only the legend draws (a swatch of the fill colour): the legend
-            # cannot draw a FillBetweenItem itself (it crashes pyqtgraph 0.14).
-            swatch = pg.PlotDataItem(
-                [], [], pen=pg.mkPen(color), fillLevel=0, brush=pg.mkBrush(fill_color)
-            )
-            self.legend.addItem(swatch, KIND_LABELS[kind])
-            self._swatches.append(swatch)
             self._curves.append(curve)
             self._fills.append(fill)
             previous = curve
         self._base = base
         self._count = -1
+        self._last_step = 0
         top = QHBoxLayout()
         top.addWidget(QLabel("Device:"))
         top.addWidget(self.device_combo, 1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addLayout(top)
+        layout.addWidget(self.legend)
         layout.addWidget(self.empty)
         layout.addWidget(self.plot, 1)
         self.plot.setVisible(False)  # until the first census
@@ -81,10 +92,13 @@ class BreakdownPlot(QWidget):
     def refresh(self, force: bool = False) -> None:
         """Redraw from the Session's census history when it changed."""
         history = self.session.breakdown()
-        if len(history) == self._count and not force:
+        moved = self.session.steps.steps - self._last_step >= STEP_REDRAW
+        if len(history) == self._count and not force and not (history and moved):
             return
         self._count = len(history)
+        self._last_step = self.session.steps.steps
         self.empty.setVisible(not history)
+        self.legend.setVisible(bool(history))
         self.plot.setVisible(bool(history))
         devices = sorted({d for _, _, by in history for d in by}, key=lambda d: (d != "cpu", d))
         current = self.device_combo.currentText()
@@ -100,18 +114,34 @@ class BreakdownPlot(QWidget):
             for curve in (self._base, *self._curves):
                 curve.setData([], [])
             return
-        x = np.array([step for _, step, _ in history], dtype=float)
+        steps = np.array([step for _, step, _ in history], dtype=float)
         values = np.array(
             [[by.get(device, {}).get(k, 0) for k in KINDS] for _, _, by in history], dtype=float
         )
         unit = auto_unit(float(values.sum(axis=1).max()) or 1.0)
         stacked = np.cumsum(values, axis=1) / UNITS[unit]
+        # Each census holds until the next one; the newest up to the latest step.
+        ends = np.append(steps[1:], max(steps[-1] + 1, self._last_step))
+        x = np.column_stack([steps, ends]).ravel()
         self._base.setData(x, np.zeros_like(x))
         for i, curve in enumerate(self._curves):
-            curve.setData(x, stacked[:, i])
-        self.plot.setLabel("left", f"tensor bytes ({unit})")
+            curve.setData(x, np.repeat(stacked[:, i], 2))
+        self.plot.setLabel("left", unit)
+        self.legend.setText(_legend_html(values[-1], device))
 
     def stacked_totals(self) -> list[float]:
         """Top of the stack at each census (in the shown unit), for tests."""
         _, y = self._curves[-1].getData()
-        return [] if y is None else [float(v) for v in y]
+        return [] if y is None else [float(v) for v in y[::2]]
+
+
+def _legend_html(newest: np.ndarray, device: str) -> str:
+    """Swatches with the newest census's bytes per kind, kinds that hold nothing left out."""
+    parts = [
+        f'<span style="color:{KIND_COLORS[kind]}">■</span>&nbsp;{KIND_LABELS[kind]}&nbsp;'
+        f"<b>{format_bytes(float(nbytes))}</b>"
+        for kind, nbytes in zip(KINDS, newest, strict=True)
+        if nbytes > 0
+    ]
+    total = format_bytes(float(newest.sum()))
+    return f"{device}: <b>{total}</b> &nbsp; " + " &nbsp; ".join(parts)

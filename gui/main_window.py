@@ -418,6 +418,8 @@ class MainWindow(QMainWindow):
         else:  # first start: most of the room for the traces
             self.resizeDocks([self.readings_dock], [330], Qt.Horizontal)
             self.resizeDocks([self.log_dock], [240], Qt.Vertical)
+            # The breakdown needs height to read; the readings table a few rows.
+            self.resizeDocks([self.breakdown_dock, self.readings_dock], [330, 260], Qt.Vertical)
         if s.value("view/x_mode", "time") == "steps":
             self.act_steps.setChecked(True)
             self.plot.set_x_mode("steps")
@@ -738,6 +740,8 @@ class MainWindow(QMainWindow):
         self.plot.refresh()
         self._update_rank_combo()
         self.readings.refresh()
+        if self.breakdown.isVisible():
+            self.breakdown.refresh()  # redraws only for a new census or 10 more steps
         samples = self.session.samples
         self.samples_label.setText(f"{samples:,} samples")
         if self.running and self.session.run_finished is None:
