@@ -19,7 +19,7 @@ import time
 import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, islice
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,9 @@ KIND_LABELS = {
 }
 _KIND_RANK = {k: i for i, k in enumerate(KINDS)}
 MAX_CONTAINER_ITEMS = 1_000_000
+# Containers entered inside the script's variables per census (a list of a million dicts
+# would cost a second to walk; tensors in them are still found, and named by referrers).
+MAX_NESTED_CONTAINERS = 100_000
 MAX_GRAPH_NODES = 200_000
 # gc.get_referrers(*targets) compares every reference on the heap with every target, so
 # the walk is kept to the largest unnamed tensors (where the unnamed bytes are).
@@ -258,6 +261,8 @@ class _Walk:
         self.device_names: dict[Any, str] = {}
         self.unnamed: dict[int, TensorInfo] = {}  # id(tensor) -> its entry, for referrers
         self.strided = torch.strided
+        self.tensor_types: set[type] = {torch.Tensor, torch.nn.Parameter}
+        self.nested_budget = MAX_NESTED_CONTAINERS
 
     def name(self, t: Any, name: str, kind: str) -> None:
         key = id(t)
@@ -281,26 +286,49 @@ class _Walk:
                 self._name_container(path, value, depth)
 
     def _name_container(self, path: str, value: Any, depth: int) -> None:
-        Tensor = self.torch.Tensor
+        """Name the tensors held by ``value`` (a list, tuple, dict or object), ``depth`` deep.
+
+        Scripts keep big containers without tensors (a data set of a million samples):
+        the types of a container's items are read in C first, and it is skipped when it
+        holds neither a tensor nor a container; paths are formatted only for hits; and at
+        most ``MAX_NESTED_CONTAINERS`` containers are entered per census (the referrer
+        walk still names the biggest tensors missed).
+        """
         if isinstance(value, (list, tuple)):
-            items: Iterable[tuple[str, Any]] = (
-                (f"{path}[{i}]", v) for i, v in enumerate(value[:MAX_CONTAINER_ITEMS])
-            )
+            seq = value if len(value) <= MAX_CONTAINER_ITEMS else value[:MAX_CONTAINER_ITEMS]
+            keys: Any = None
         elif isinstance(value, dict):
-            items = ((f"{path}[{k!r}]", v) for k, v in list(value.items())[:MAX_CONTAINER_ITEMS])
+            keys = list(islice(value, MAX_CONTAINER_ITEMS))
+            seq = list(islice(value.values(), MAX_CONTAINER_ITEMS))
         elif hasattr(value, "__dict__") and not isinstance(value, self.torch.nn.Module):
             try:
                 attrs = vars(value)
             except TypeError:
                 return
-            items = ((f"{path}.{k}", v) for k, v in list(attrs.items()) if not k.startswith("__"))
+            keys = [k for k in attrs if not (isinstance(k, str) and k.startswith("__"))]
+            seq = [attrs[k] for k in keys]
+            path += "."
         else:
             return
-        for item_path, item in items:
-            if isinstance(item, Tensor):
-                self.name(item, item_path, "plain")
-            elif depth > 1 and isinstance(item, (list, tuple, dict)):
-                self._name_container(item_path, item, depth - 1)
+        # Everything per item runs in C (map, compress); Python sees only the hits.
+        types_ = list(map(type, seq))
+        kinds = set(types_)
+        tensor_kinds = kinds & self.tensor_types
+        nested = depth > 1 and not kinds.isdisjoint(_NESTED_TYPES)
+        if not tensor_kinds and not nested:
+            return
+        is_attrs = path.endswith(".")
+        indices = range(len(seq))
+        if tensor_kinds:
+            for i in compress(indices, map(tensor_kinds.__contains__, types_)):
+                self.name(seq[i], _item_path(path, keys, i, is_attrs), "plain")
+        if nested:
+            candidates = list(compress(indices, map(_NESTED_TYPES.__contains__, types_)))
+            for i in compress(candidates, map(len, map(seq.__getitem__, candidates))):
+                if self.nested_budget <= 0:
+                    break
+                self.nested_budget -= 1
+                self._name_container(_item_path(path, keys, i, is_attrs), seq[i], depth - 1)
 
     # -- storages -------------------------------------------------------------------------
     def add(self, t: Any, name: str, kind: str, named: bool, names: tuple[str, ...]) -> None:
@@ -471,6 +499,18 @@ _SKIP_TYPES = (
     type,
     types.MethodType,
 )
+
+
+_NESTED_TYPES = frozenset({list, tuple, dict})
+
+
+def _item_path(path: str, keys: list[Any] | None, i: int, is_attrs: bool) -> str:
+    """``path[3]``, ``path['key']`` or ``path.attr`` for item ``i`` of a container."""
+    if keys is None:
+        return f"{path}[{i}]"
+    if is_attrs:
+        return f"{path}{keys[i]}"
+    return f"{path}[{keys[i]!r}]"
 
 
 def _pinning_possible(torch: Any) -> bool:
@@ -654,8 +694,12 @@ def take_census(
             gc.enable()
 
 
-def _find_objects(torch: Any, excluded: set[int]) -> tuple[list[Any], list[Any], list[Any]]:
-    """Every tensor, module and optimizer on the heap, in one pass over ``gc.get_objects()``.
+def _find_objects(
+    torch: Any, excluded: set[int]
+) -> tuple[list[Any], list[Any], list[Any], set[type]]:
+    """Every tensor, module and optimizer on the heap, and the tensor types among them.
+
+    One pass over ``gc.get_objects()``.
 
     The pass runs in C: each object's type is looked up once (``map``), the few distinct
     types are classified in Python, and ``compress`` picks the objects of the wanted ones.
@@ -664,14 +708,16 @@ def _find_objects(torch: Any, excluded: set[int]) -> tuple[list[Any], list[Any],
     types_ = list(map(type, objects))
     distinct = set(types_)
     found = []
+    tensor_types: set[type] = set()
     for base in (torch.Tensor, torch.nn.Module, torch.optim.Optimizer):
         wanted = {tp for tp in distinct if issubclass(tp, base)}
+        tensor_types = tensor_types or wanted
         found.append(list(compress(objects, map(wanted.__contains__, types_))) if wanted else [])
     del objects, types_
     tensors, modules, optimizers = found
     if excluded:
         tensors = [t for t in tensors if id(t) not in excluded]
-    return tensors, modules, optimizers
+    return tensors, modules, optimizers, tensor_types
 
 
 def _take_census(
@@ -684,7 +730,8 @@ def _take_census(
 ) -> Census:
     walk = _Walk(torch, {id(o) for o in exclude})
     Tensor, Module, Optimizer = torch.Tensor, torch.nn.Module, torch.optim.Optimizer
-    tensors, modules, optimizers = _find_objects(torch, walk.exclude)
+    tensors, modules, optimizers, tensor_types = _find_objects(torch, walk.exclude)
+    walk.tensor_types |= tensor_types
 
     # 1. Module paths (all names of tied weights), buffers, .grad.
     var_names: dict[int, str] = {}
