@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import heapq
 import hmac
 import itertools
 import logging
@@ -52,8 +53,11 @@ from .wire import event_to_wire
 
 log = logging.getLogger(__name__)
 
-#: Samples and step markers kept for a viewer that attaches late (about 10 min at 10 Hz).
+#: Periodic samples kept for a viewer that attaches late (10 min at 10 Hz).
 HISTORY = 6000
+#: Step markers and step-boundary readings kept for it (the last 6,000 steps): kept apart,
+#: so that a fast loop (100 steps/s) does not push the periodic samples out in a minute.
+STEP_HISTORY = 12_000
 #: Events waiting for the agent thread; a burst beyond this drops the oldest.
 OUTBOX = 20_000
 #: Bytes queued for one viewer before its oldest event batches are dropped.
@@ -151,6 +155,7 @@ class Agent:
         self._viewers: dict[int, _Viewer] = {}
         self._subscribers = 0
         self._history: deque[Event] = deque(maxlen=HISTORY)
+        self._step_history: deque[Event] = deque(maxlen=STEP_HISTORY)
         self._outbox: deque[Event] = deque(maxlen=OUTBOX)
         self._outbox_dropped = 0
         self._replies: deque[tuple[int, bytes]] = deque()
@@ -281,10 +286,10 @@ class Agent:
 
     # -- the Session side (any thread, often the training loop: cheap and never blocking) --
     def _on_event(self, event: Event) -> None:
-        if isinstance(event, Sample) or (
-            isinstance(event, Marker) and event.kind is MarkerKind.STEP
-        ):
-            self._history.append(event)
+        if isinstance(event, Sample):
+            (self._history if event.step is None else self._step_history).append(event)
+        elif isinstance(event, Marker) and event.kind is MarkerKind.STEP:
+            self._step_history.append(event)
         if self._subscribers:
             if len(self._outbox) == self._outbox.maxlen:
                 self._outbox_dropped += 1
@@ -495,7 +500,7 @@ class Agent:
         events: list[Event] = []
         if s.run_started is not None:
             events.append(s.run_started)
-        events.extend(list(self._history))
+        events.extend(heapq.merge(list(self._history), list(self._step_history), key=_time_of))
         events.extend(s.user_markers())
         events.extend(list(s.logs)[-1000:])
         events.extend(a for a in s.alert_log if a.state == "active")
@@ -686,6 +691,10 @@ def _referrers(args: dict[str, Any]) -> dict[str, Any]:
     finally:
         del tensor
     return {"alive": True, "chain": chain, "grad_fn": grad_fn}
+
+
+def _time_of(event: Sample | Marker) -> float:
+    return event.t
 
 
 def _cuda_history(name: str, directory: Path | None) -> dict[str, Any]:

@@ -411,9 +411,15 @@ def attach_headless(
         sys.stderr.write(f"torchmem: {exc}\n")
         return 1
     if not quiet:
-        what = run.label if run.remotes else "from outside: no agent, so RSS and GPU memory only"
+        if not run.remotes:
+            what = "from outside: no agent, so RSS and GPU memory only"
+        elif len(run.remotes) == 1:
+            argv = run.remotes[0].entry.argv
+            what = ("injected agent: " if run.injected else "agent: ") + " ".join(argv)[:80]
+        else:
+            what = f"{len(run.remotes)} processes: " + ", ".join(r.label for r in run.remotes)
         sys.stderr.write(
-            f"torchmem: attached to {pid} ({what})"
+            f"torchmem: attached to pid {pid} ({what})"
             + (f" for {duration:g} s" if duration else " until it ends (Ctrl+C to detach)")
             + "\n"
         )

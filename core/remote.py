@@ -213,7 +213,7 @@ class RemoteSource:
             self.ended.set()
             return
         now = self.session.now()
-        gone = _gone(self.entry.pid)
+        gone = _gone(self.entry.pid, wait_s=0.0 if self._run_finished else 1.0)
         what = f"process {self.entry.pid} exited" if gone else reason
         self.session.submit(LogRecord(now, Stream.TORCHMEM, f"{self.label}: detached: {what}"))
         if self.prefix:
@@ -238,9 +238,19 @@ def _prefixed_census(census: Census, prefix: str) -> Census:
     return Census(storages, census.skipped, census.duration_s, census.step)
 
 
-def _gone(pid: int) -> bool:
-    """True when ``pid`` has exited (a zombie waiting for its parent has, too)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True
+def _gone(pid: int, wait_s: float = 0.0) -> bool:
+    """True when ``pid`` has exited (a zombie waiting for its parent has, too).
+
+    A killed process closes its sockets before the kernel marks it exited, so the viewer
+    can read the end of its connection first: ``wait_s`` gives it that long to go.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)

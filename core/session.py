@@ -7,10 +7,12 @@ tells its listeners. Views read snapshots; they never receive data by another pa
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -164,7 +166,7 @@ class Session:
                     peaks[f"{device}_rss"] = buf.peak
                 elif metric in ("peak_allocated", "allocated") and buf.count:
                     peaks[device] = max(peaks.get(device, 0.0), buf.peak)
-            return peaks
+        return dict(sorted(peaks.items(), key=lambda kv: _scope_order(kv[0])))
 
     def censuses(self) -> tuple[CensusTaken | None, CensusTaken | None]:
         """The latest census event and the one before it."""
@@ -190,3 +192,9 @@ class Session:
         """User and epoch markers, oldest first."""
         with self._lock:
             return list(self.markers)
+
+
+def _scope_order(key: str) -> tuple[bool, list[Any]]:
+    """Sort key of a series: rank 2 before rank 10, a job's total last."""
+    parts = re.split(r"(\d+)", key)
+    return key.startswith("total/"), [int(p) if p.isdigit() else p for p in parts]

@@ -271,6 +271,32 @@ def test_a_viewer_that_never_reads_costs_bounded_memory_and_never_blocks(local_a
     sock.close()
 
 
+def test_a_late_viewer_gets_ten_minutes_of_samples_even_from_a_fast_loop(local_agent):
+    agent, entry = local_agent
+    session = agent.session
+    # Ten minutes at 10 Hz, with 100 steps/s: 60,000 steps, each a marker and a reading.
+    for i in range(6000):
+        session.submit(Sample(float(i), {"cpu/history": 1.0 + i}))
+        for j in range(10):
+            step = i * 10 + j
+            session.submit(Marker(i + j / 10 + 0.05, MarkerKind.STEP, step=step))
+            session.submit(Sample(i + j / 10 + 0.05, {"cpu/boundary": 1.0}, step))
+    late = Session()
+    steps: list[int] = []
+    late.subscribe(lambda e: isinstance(e, Marker) and steps.append(e.step))
+    remote = RemoteSource(late, entry)
+    try:
+        remote.connect()
+        wait_until(lambda: steps and steps[-1] == 59_999, what="the replayed steps")
+        times, values = late.arrays("cpu/history")
+        # The agent's own 20 Hz sampler shares the history: a few of the oldest are gone.
+        assert len(times) > 5900 and values[-1] == 6000.0 and values[0] < 100.0
+        assert list(times) == sorted(times)
+        assert steps == list(range(54_000, 60_000)), "and the last 6,000 steps, in order"
+    finally:
+        remote.close()
+
+
 # -- the fuzzer: against a live served training process ---------------------------------------
 _KNOWN = ["subscribe", "unsubscribe", "info", "set_rate", "ping", "mark", "referrers",
           "history_start", "history_stop", "snapshot", "empty_cache", "reset_peaks"]  # fmt: skip

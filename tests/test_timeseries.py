@@ -76,3 +76,24 @@ def test_step_clock_maps_time_to_steps_and_thins_when_full():
     assert x[1] == pytest.approx(10.0, abs=1.0)
     assert x[2] == pytest.approx(20.0)
     assert x[3] == 20.0
+
+
+def test_summary_peaks_list_ranks_in_numeric_order_and_the_total_last():
+    from torchmem.events import Sample
+    from torchmem.session import Session
+
+    session = Session()
+    readings = {f"rank{r}/cpu/rss": float(r) for r in (10, 2, 0, 1)}
+    readings["total/cpu/rss"] = 13.0
+    readings["cuda:0/allocated"] = 5.0
+    session.submit(Sample(0.0, readings))
+    peaks = session.peak_bytes()
+    assert list(peaks) == [
+        "cuda:0",
+        "rank0/cpu_rss",
+        "rank1/cpu_rss",
+        "rank2/cpu_rss",
+        "rank10/cpu_rss",
+        "total/cpu_rss",
+    ]
+    assert peaks["rank10/cpu_rss"] == 10.0 and peaks["total/cpu_rss"] == 13.0
