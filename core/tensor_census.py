@@ -7,8 +7,8 @@ best first, from module paths (every name of a tied weight), ``.grad``, optimize
 the running script's variables, the graphs of autograd (tensors saved for backward), a
 bounded referrer walk, and only then a type+shape label.
 
-The census holds no strong reference to any tensor once it returns (only weak ones, for
-the referrer chain of a tensor a user asks about), so it never keeps memory alive.
+The census holds no reference to any tensor once it returns, so it never keeps memory
+alive (a tensor a user asks about is found again by :meth:`TensorInfo.alive`).
 """
 
 from __future__ import annotations
