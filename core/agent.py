@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .commands import HISTORY_COMMANDS
 from .discovery import AgentEntry, boot_id, remove_entry, runtime_dir, write_entry
 from .events import Event, Marker, MarkerKind, RunFinished, RunStarted, RunStatus, Sample
 from .protocol import (
@@ -592,11 +593,11 @@ class Agent:
 
     def _run_request(self, name: str, args: dict[str, Any]) -> Any:
         source = self.source
-        if name in ("census", "gc_collect", "empty_cache", "reset_peaks"):
+        if name in ("census", "gc_collect", "empty_cache", "reset_peaks", *HISTORY_COMMANDS):
+            # The result reaches every viewer as an event, failed or not; an error reply
+            # as well would tell the asking viewer twice.
             result = source.command(name)
-            if not result.ok:
-                raise RuntimeError(result.message)
-            return {"message": result.message}
+            return {"ok": result.ok, "message": result.message, "output": result.output}
         if name == "mark":
             label = args.get("label")
             if not isinstance(label, str) or not label.strip():
@@ -612,8 +613,6 @@ class Agent:
             return {"message": "stop requested: the script stops at its next step"}
         if name == "referrers":
             return _referrers(args)
-        if name in ("history_start", "history_stop", "snapshot"):
-            return _cuda_history(name, self.directory)
         raise ValueError(f"unknown request {name!r}")
 
 
@@ -695,28 +694,6 @@ def _referrers(args: dict[str, Any]) -> dict[str, Any]:
 
 def _time_of(event: Sample | Marker) -> float:
     return event.t
-
-
-def _cuda_history(name: str, directory: Path | None) -> dict[str, Any]:
-    """Start/stop CUDA allocation history, or dump a snapshot for PyTorch's memory_viz."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        raise RuntimeError("allocation history needs a process that uses CUDA")
-    mem = torch.cuda.memory
-    if name == "history_start":
-        mem._record_memory_history(max_entries=100_000)
-        return {"message": "recording CUDA allocation history (last 100,000 events)"}
-    if name == "history_stop":
-        mem._record_memory_history(enabled=None)
-        return {"message": "allocation history stopped"}
-    folder = (directory or runtime_dir()) / "snapshots"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    path = folder / f"snapshot-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.pickle"
-    mem._dump_snapshot(str(path))
-    return {
-        "path": str(path),
-        "message": f"snapshot written to {path}; open it at https://pytorch.org/memory_viz",
-    }
 
 
 # -- torchmem.serve() ---------------------------------------------------------------------------

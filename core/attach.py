@@ -9,6 +9,7 @@ the driver charges to it (CUDA context and allocator cache included).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -292,8 +293,9 @@ class AttachedRun:
             return not self.watch.check()
         return all(r.ended.is_set() for r in self.remotes)
 
-    def follow(self, duration: float | None = None) -> None:
-        """Block until the processes end, :meth:`detach` is called, or ``duration`` passes."""
+    def follow(self, duration: float | None = None, close: bool = True) -> None:
+        """Block until the processes end, :meth:`detach` is called, or ``duration`` passes;
+        then close the connections unless told not to."""
         deadline = time.monotonic() + duration if duration else None
         forgotten: set[str] = set()
         while not self._detach.is_set() and not self.ended:
@@ -306,7 +308,8 @@ class AttachedRun:
                         forgotten.add(scope)
                         self.totals.forget(scope)
             self._detach.wait(0.05)
-        self.close()
+        if close:
+            self.close()
 
     def detach(self) -> None:
         """Stop following (from any thread); the processes carry on."""
@@ -341,22 +344,20 @@ class AttachedRun:
             caps.update(self.watch.capacity())
         return caps
 
-    def command(self, name: str) -> None:
-        """Run a command in every attached process (results arrive as events)."""
+    def command(self, name: str) -> list[CommandResult]:
+        """Run a command in every attached process still running; the results also
+        arrive as events."""
         if not self.remotes:
-            self.session.submit(
-                CommandResult(
-                    self.session.now(),
-                    name,
-                    False,
-                    f"process {self.pid} has no agent: commands need torchmem.serve() in the "
-                    "script, or a launch through `torchmem run --attachable`",
-                )
+            result = CommandResult(
+                self.session.now(),
+                name,
+                False,
+                f"process {self.pid} has no agent: commands need torchmem.serve() in the "
+                "script, or a launch through `torchmem run --attachable`",
             )
-            return
-        for remote in self.remotes:
-            if not remote.ended.is_set():
-                remote.command(name)
+            self.session.submit(result)
+            return [result]
+        return [remote.command(name) for remote in self.remotes if not remote.ended.is_set()]
 
     def request_stop(self, grace_s: float = 2.0) -> None:
         """Ask every attached script to stop at its next step."""
@@ -400,9 +401,14 @@ def attach_headless(
     quiet: bool = False,
     entries: list[AgentEntry] | None = None,
     inject: bool = False,
+    snapshot: bool = False,
 ) -> int:
     """``torchmem attach``: collect for ``duration`` seconds (or until the process ends)
-    and optionally write ``{"pid", "injected", "samples", "peak_bytes", "ranks"}``."""
+    and optionally write ``{"pid", "injected", "samples", "peak_bytes", "ranks"}``.
+
+    With ``snapshot``, CUDA allocation history is recorded while attached and a
+    memory_viz snapshot written by each process at the end (listed as ``"snapshots"``).
+    """
     session = Session()
     run = AttachedRun(session, pid, hz, entries, inject)
     try:
@@ -410,6 +416,19 @@ def attach_headless(
     except AttachError as exc:
         sys.stderr.write(f"torchmem: {exc}\n")
         return 1
+    if snapshot and not run.remotes:
+        run.close()
+        sys.stderr.write(
+            f"torchmem: --snapshot needs an agent in process {pid}: start it with "
+            "torchmem.serve() or `torchmem run --attachable`, or add --inject\n"
+        )
+        return 1
+    recording = []
+    if snapshot:
+        for result in run.command("history_start"):
+            if not result.ok:
+                sys.stderr.write(f"torchmem: no snapshot: {result.message}\n")
+            recording.append(result.ok)
     if not quiet:
         if not run.remotes:
             what = "from outside: no agent, so RSS and GPU memory only"
@@ -423,10 +442,10 @@ def attach_headless(
             + (f" for {duration:g} s" if duration else " until it ends (Ctrl+C to detach)")
             + "\n"
         )
-    try:
-        run.follow(duration)
-    except KeyboardInterrupt:
-        run.close()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C detaches; the summary is still written
+        run.follow(duration, close=False)
+    snapshots = _save_snapshots(run) if any(recording) else []
+    run.close()
     data = {
         "pid": pid,
         "injected": run.injected,
@@ -445,7 +464,11 @@ def attach_headless(
         "steps": session.steps.steps,
         "alerts": [a.to_json() for a in session.alert_list()],
     }
+    if snapshot:
+        data["snapshots"] = snapshots
     if not quiet:
+        for path in snapshots:
+            sys.stderr.write(f"torchmem: memory snapshot {path} (open it on memory_viz)\n")
         peaks = ", ".join(f"{k} {format_bytes(v)}" for k, v in data["peak_bytes"].items())
         sys.stderr.write(
             f"torchmem: detached after {data['samples']} samples; peaks: {peaks or 'none'}\n"
@@ -453,3 +476,16 @@ def attach_headless(
     if summary_path and not write_summary(summary_path, data):
         return 1
     return 0
+
+
+def _save_snapshots(run: AttachedRun) -> list[str]:
+    """Ask each attached process still running for a snapshot, then stop its recording;
+    the files written, as paths on that process's machine."""
+    paths = []
+    for result in run.command("snapshot"):
+        if result.ok:
+            paths.append(result.output)
+        else:
+            sys.stderr.write(f"torchmem: no snapshot: {result.message}\n")
+    run.command("history_stop")
+    return paths

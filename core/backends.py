@@ -139,6 +139,20 @@ class MemoryBackend:
     def reset_peaks(self) -> None:
         """Start new peak figures from now (accelerators only)."""
 
+    @property
+    def records_history(self) -> bool:
+        """True where PyTorch can record this device's allocations (CUDA, once in use)."""
+        return False
+
+    def record_history(self, max_entries: int | None) -> None:
+        """Record the newest ``max_entries`` allocation events with their Python stacks,
+        or stop recording (``None``). Only where :attr:`records_history`."""
+        raise NotImplementedError(f"{self.kind} has no allocation history")
+
+    def dump_snapshot(self, path: str) -> None:
+        """Write the allocator's state and recorded history for PyTorch's memory_viz."""
+        raise NotImplementedError(f"{self.kind} has no allocation history")
+
 
 class ProcessBackend(MemoryBackend):
     """Host memory: process RSS, USS (at most every ``uss_every_s``), system available."""
@@ -220,6 +234,26 @@ class TorchAllocatorBackend(MemoryBackend):
     def reset_peaks(self) -> None:
         for i in self._active_devices():
             self.module.reset_peak_memory_stats(i)
+
+    @property
+    def records_history(self) -> bool:
+        # Only once the script has used CUDA: recording would create a CUDA context
+        # (hundreds of MiB) in a process that never asked for one.
+        memory = getattr(self.module, "memory", None)
+        return (
+            self.kind == "cuda"
+            and hasattr(memory, "_record_memory_history")
+            and self.module.is_initialized()
+        )
+
+    def record_history(self, max_entries: int | None) -> None:
+        if max_entries is None:
+            self.module.memory._record_memory_history(enabled=None)
+        else:
+            self.module.memory._record_memory_history(max_entries=max_entries)
+
+    def dump_snapshot(self, path: str) -> None:
+        self.module.memory._dump_snapshot(path)
 
 
 class MpsBackend(MemoryBackend):

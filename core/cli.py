@@ -159,6 +159,12 @@ def attach_parser() -> argparse.ArgumentParser:
         "(Python < 3.14) or sys.remote_exec; needs permission to trace it",
     )
     p.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="(CUDA) record allocation history while attached, and at the end write a "
+        "memory snapshot per process for https://pytorch.org/memory_viz (needs an agent)",
+    )
+    p.add_argument(
         "--entry",
         metavar="JSON",
         help="an agent entry copied from another machine (agent-PID.json), with --address",
@@ -222,7 +228,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             attach_parser().error("give a PID (see `torchmem ps`), or --entry and --address")
         pid = entries[0].pid if entries else opts.pid
         return attach_headless(
-            pid, opts.duration, opts.summary, opts.hz, opts.quiet, entries, opts.inject
+            pid,
+            opts.duration,
+            opts.summary,
+            opts.hz,
+            opts.quiet,
+            entries,
+            opts.inject,
+            opts.snapshot,
         )
     if argv[:1] == ["run"] and "--" in argv:
         # `torchmem run [OPTIONS] -- COMMAND...`: any command, an agent in each torch process.

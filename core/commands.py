@@ -8,8 +8,10 @@ These run only when a user asks; the sampler never calls them on its own.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from .backends import MemoryBackend, series_label
 from .events import CommandResult
@@ -17,6 +19,14 @@ from .sampler import read_backends
 from .units import format_bytes
 
 COMMANDS = ("gc_collect", "empty_cache", "reset_peaks")
+#: Recording and saving CUDA allocation history (for PyTorch's memory_viz).
+HISTORY_COMMANDS = ("history_start", "history_stop", "snapshot")
+#: Allocation events kept while recording (PyTorch keeps the newest).
+HISTORY_ENTRIES = 100_000
+_NO_HISTORY = (
+    "allocation history records CUDA allocations, and this process has not used CUDA "
+    "(yet): start recording once the script has put something on the GPU"
+)
 
 
 def _deltas(
@@ -99,3 +109,67 @@ def reset_peaks(
             parts.append(f"RSS peak {format_bytes(peak)} -> {format_bytes(after[key])}")
     message = "Reset peaks: " + (", ".join(parts) if parts else "nothing to reset yet")
     return CommandResult(now(), "reset_peaks", True, message)
+
+
+def allocation_history(
+    backends: Sequence[MemoryBackend], now: Callable[[], float], record: bool
+) -> CommandResult:
+    """Start (``record``) or stop recording CUDA allocations with their Python stacks.
+
+    PyTorch then keeps the newest :data:`HISTORY_ENTRIES` allocation and free events;
+    :func:`save_snapshot` writes them out. Recording costs the training loop a stack
+    capture per allocation, so it stays off until a user asks.
+    """
+    name = "history_start" if record else "history_stop"
+    recorders = [b for b in backends if b.records_history]
+    if not recorders:
+        return CommandResult(now(), name, False, _NO_HISTORY)
+    try:
+        for backend in recorders:
+            backend.record_history(HISTORY_ENTRIES if record else None)
+    except Exception as exc:  # a torch build without it raises RuntimeError
+        return CommandResult(now(), name, False, f"allocation history: {exc}")
+    message = (
+        f"recording CUDA allocation history (the newest {HISTORY_ENTRIES:,} events, with "
+        "Python stacks; it slows allocation a little): save a snapshot to see it"
+        if record
+        else "stopped recording CUDA allocation history"
+    )
+    return CommandResult(now(), name, True, message)
+
+
+def save_snapshot(
+    backends: Sequence[MemoryBackend], now: Callable[[], float], folder: Path
+) -> CommandResult:
+    """Write a CUDA memory snapshot (segments, blocks, recorded history) into ``folder``,
+    for https://pytorch.org/memory_viz."""
+    recorders = [b for b in backends if b.records_history]
+    if not recorders:
+        return CommandResult(now(), "snapshot", False, _NO_HISTORY)
+    path = folder / f"snapshot-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.pickle"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        recorders[0].dump_snapshot(str(path))  # one snapshot covers every CUDA device
+        size = path.stat().st_size
+    except OSError as exc:
+        return CommandResult(
+            now(), "snapshot", False, f"cannot write a snapshot in {folder}: {exc.strerror}"
+        )
+    except Exception as exc:
+        return CommandResult(now(), "snapshot", False, f"snapshot: {exc}")
+    message = (
+        f"memory snapshot written to {path} ({format_bytes(size)}): drop it on "
+        "https://pytorch.org/memory_viz (it holds allocation stacks only while history "
+        "is recorded)"
+    )
+    return CommandResult(now(), "snapshot", True, message, output=str(path))
+
+
+def snapshot_dir() -> Path:
+    """Where snapshots go: ``$TORCHMEM_SNAPSHOT_DIR``, else the user's data directory."""
+    configured = os.environ.get("TORCHMEM_SNAPSHOT_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    import platformdirs
+
+    return platformdirs.user_data_path("torchmem", appauthor=False) / "snapshots"

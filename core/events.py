@@ -95,13 +95,18 @@ class RunFinished:
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
-    """What a user action (gc.collect, empty_cache, reset peaks) changed."""
+    """What a user action (gc.collect, empty_cache, reset peaks, ...) changed.
+
+    ``output`` is the file the action wrote, if any (a memory snapshot), as a path on the
+    machine of the process that ran it.
+    """
 
     t: float
     command: str
     ok: bool
     message: str
     changes: dict[str, float] = field(default_factory=dict)
+    output: str = ""
 
 
 @dataclass(frozen=True, slots=True)

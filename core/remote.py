@@ -114,16 +114,26 @@ class RemoteSource:
         caps = self.info.get("capacity") or {}
         return {self.prefix + k: v for k, v in caps.items() if isinstance(v, int)}
 
-    def command(self, name: str) -> CommandResult | None:
-        """Ask the agent to run a command; its result arrives as an event. A failure to
-        ask is submitted here, as a failed command result."""
+    def command(self, name: str) -> CommandResult:
+        """Ask the agent to run a command and return what it did.
+
+        The agent's result also arrives as an event (every viewer sees it), so it is not
+        submitted here again; a failure to ask is, as a failed command result.
+        """
         try:
-            self._client.request(name, timeout=60.0)
-            return None
+            reply = self._client.request(name, timeout=60.0)
         except AttachError as exc:
             result = CommandResult(self.session.now(), name, False, f"{self.label}: {exc}")
             self.session.submit(result)
             return result
+        reply = reply if isinstance(reply, dict) else {}
+        return CommandResult(
+            self.session.now(),
+            name,
+            reply.get("ok", True) is True,
+            str(reply.get("message", "")),
+            output=str(reply.get("output") or ""),
+        )
 
     def request_stop(self, grace_s: float = 2.0) -> None:
         """Ask the attached script to stop at its next step."""

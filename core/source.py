@@ -15,7 +15,14 @@ from collections.abc import Sequence
 
 from .backends import MemoryBackend, backends_capacity, discover_backends
 from .census_schedule import CensusSchedule
-from .commands import empty_cache, gc_collect, reset_peaks
+from .commands import (
+    allocation_history,
+    empty_cache,
+    gc_collect,
+    reset_peaks,
+    save_snapshot,
+    snapshot_dir,
+)
 from .events import CensusTaken, CommandResult, Event, Marker, MarkerKind, RunFinished
 from .leaks import LeakDetector, LeakSettings
 from .runner import ScriptRunner
@@ -224,6 +231,10 @@ class InProcessSource:
         elif name == "reset_peaks":
             peaks = {k: p for k, (_, p) in self.session.latest().items()}
             result = reset_peaks(self.backends, now, peaks)
+        elif name in ("history_start", "history_stop"):
+            result = allocation_history(self.backends, now, record=name == "history_start")
+        elif name == "snapshot":
+            result = save_snapshot(self.backends, now, snapshot_dir())
         elif name == "census":
             taken = self.request_census()
             _, previous = self.session.censuses()

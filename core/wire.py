@@ -158,6 +158,7 @@ def event_to_wire(event: Event) -> dict[str, Any]:
             "ok": event.ok,
             "message": event.message,
             "changes": event.changes,
+            "output": event.output,
         }
     if isinstance(event, CensusTaken):
         return {
@@ -236,6 +237,7 @@ def event_from_wire(data: Any) -> Event:
             field(data, "ok", bool),
             field(data, "message", str),
             _values(field(data, "changes", dict)),
+            _optional_str(data, "output"),
         )
     if kind == "census":
         return CensusTaken(
@@ -265,3 +267,11 @@ def event_from_wire(data: Any) -> Event:
             raised_step=field(data, "raised_step", int),
         )
     raise ProtocolError(f"unknown event kind {kind!r}")
+
+
+def _optional_str(data: dict[str, Any], key: str) -> str:
+    """A text field newer agents send and older ones leave out."""
+    value = data.get(key, "")
+    if not isinstance(value, str):
+        raise ProtocolError(f"{key!r} must be a string")
+    return value

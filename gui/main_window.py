@@ -68,6 +68,9 @@ COMMAND_LABELS = {
     "empty_cache": "empty_cache()",
     "reset_peaks": "Reset peaks",
     "census": "Census of live tensors",
+    "history_start": "Start recording CUDA allocation history",
+    "history_stop": "Stop recording CUDA allocation history",
+    "snapshot": "Memory snapshot",
 }
 
 
@@ -256,6 +259,21 @@ class MainWindow(QMainWindow):
             "Ctrl+Shift+P",
             "Start new peak figures from now",
         )
+        self.act_history = a(
+            "Record CUDA allocation &history",
+            self._toggle_history,
+            None,
+            "Record every CUDA allocation and free with its Python stack (the newest "
+            "100,000), for a memory snapshot; slows allocation a little while on",
+            checkable=True,
+        )
+        self.act_snapshot = a(
+            "Save a memory &snapshot (memory_viz)",
+            lambda: self.run_command("snapshot"),
+            "Ctrl+Shift+S",
+            "Write the CUDA allocator's segments, blocks and recorded history to a file "
+            "for https://pytorch.org/memory_viz",
+        )
         self.act_census = a(
             "Take a &census",
             lambda: self.run_command("census"),
@@ -359,6 +377,9 @@ class MainWindow(QMainWindow):
         m = mb.addMenu("&Memory")
         for act in (self.act_gc, self.act_empty, self.act_reset):
             m.addAction(act)
+        m.addSeparator()
+        m.addAction(self.act_history)
+        m.addAction(self.act_snapshot)
         m.addSeparator()
         m.addAction(self.act_census)
         m.addAction(self.act_leak_settings)
@@ -764,6 +785,7 @@ class MainWindow(QMainWindow):
                     [LogRecord(event.t, Stream.TORCHMEM, f"running {event.script} {args}".rstrip())]
                 )
                 self.run_label.setText("● Running")
+                self.act_history.setChecked(False)  # a new process records nothing yet
             elif isinstance(event, RunFinished):
                 self._show_finished(event)
             elif isinstance(event, Alert):
@@ -772,8 +794,22 @@ class MainWindow(QMainWindow):
                 self.tensors.refresh()
                 self.breakdown.refresh()
             elif isinstance(event, CommandResult):
-                self.statusBar().showMessage(event.message, 15000)
-                self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, event.message)])
+                self._on_command_result(event)
+
+    def _on_command_result(self, event: CommandResult) -> None:
+        self.statusBar().showMessage(event.message, 15000)
+        self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, event.message)])
+        if event.command == "history_start":
+            self.act_history.setChecked(event.ok)
+        elif event.command == "history_stop" and event.ok:
+            self.act_history.setChecked(False)
+        elif event.command == "snapshot":  # a file to find again: say where, and keep it up
+            self.banner.show_message(event.message, "info" if event.ok else "warning")
+
+    def _toggle_history(self, checked: bool) -> None:
+        # The action shows the target's state once the result arrives, not the click.
+        self.act_history.setChecked(not checked)
+        self.run_command("history_start" if checked else "history_stop")
 
     def _show_finished(self, event: RunFinished) -> None:
         self.last_result = event
@@ -830,6 +866,8 @@ class MainWindow(QMainWindow):
         )
         self.act_isolated.setEnabled(not running)
         has_acc = self.target.has_accelerator
+        for act in (self.act_history, self.act_snapshot):
+            act.setEnabled(has_acc)
         self.act_empty.setEnabled(has_acc)
         self.act_empty.setToolTip(
             "Return the accelerator allocator's unused cache to the device (Ctrl+E)"

@@ -142,7 +142,11 @@ def main() -> int:
             "x = torch.ones(64 << 20, device='cuda')\nprint('ready', flush=True)\n"
             "for _ in range(600):\n    y = x * 2\n    time.sleep(0.05)\n"
         )
-        env = {**os.environ, "TORCHMEM_RUNTIME_DIR": str(Path(tmp) / "rt")}
+        env = {
+            **os.environ,
+            "TORCHMEM_RUNTIME_DIR": str(Path(tmp) / "rt"),
+            "TORCHMEM_SNAPSHOT_DIR": str(Path(tmp) / "snaps"),
+        }
         child = subprocess.Popen(
             [sys.executable, str(served)], env=env, stdout=subprocess.PIPE, text=True
         )
@@ -164,13 +168,21 @@ def main() -> int:
                 ", ".join(keys),
             )
             started = remote.request("history_start")
+            time.sleep(0.5)  # ten steps of the script, each allocating y
             snap = remote.request("snapshot")
             remote.request("history_stop")
-            size = Path(snap["path"]).stat().st_size if Path(snap["path"]).exists() else 0
+            path = Path(snap.get("output") or "/nonexistent")
+            size = path.stat().st_size if path.exists() else 0
+            traces = 0
+            if size:
+                import pickle
+
+                with path.open("rb") as f:
+                    traces = sum(len(t) for t in pickle.load(f).get("device_traces", []))
             check(
                 "allocation history + memory_viz snapshot over the agent",
-                size > 0,
-                f"{started['message']}; {snap['path']} ({size} bytes)",
+                started["ok"] and snap["ok"] and size > 0 and traces > 0,
+                f"{started['message'][:60]}; {path} ({size} bytes, {traces} trace events)",
             )
             remote.close()
         except Exception as exc:

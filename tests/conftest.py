@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import tempfile
 import threading
@@ -78,6 +79,7 @@ class StubCuda:
         self.peak = [0] * devices
         self.total = total
         self.calls: list[str] = []
+        self.memory = StubCudaMemory(self)
 
     def is_initialized(self) -> bool:
         return self.initialized
@@ -116,6 +118,27 @@ class StubCuda:
     def reset_peak_memory_stats(self, i: int) -> None:
         self.calls.append(f"reset_peak_memory_stats({i})")
         self.peak[i] = self.allocated[i]
+
+
+class StubCudaMemory:
+    """A stand-in for ``torch.cuda.memory``: allocation history and snapshots."""
+
+    def __init__(self, cuda: StubCuda) -> None:
+        self.cuda = cuda
+        self.recording: int | None = None  # max_entries while recording
+
+    def _record_memory_history(self, enabled: str | None = "all", max_entries: int = 1) -> None:
+        self.cuda.calls.append(f"record_history({enabled}, {max_entries})")
+        self.recording = None if enabled is None else max_entries
+
+    def _dump_snapshot(self, filename: str) -> None:
+        # The shape of torch.cuda.memory._snapshot(): segments, and traces while recording.
+        snapshot = {
+            "segments": [{"device": i, "total_size": r} for i, r in enumerate(self.cuda.reserved)],
+            "device_traces": [[{"action": "alloc"}] if self.recording else []],
+        }
+        with open(filename, "wb") as f:
+            pickle.dump(snapshot, f)
 
 
 @pytest.fixture

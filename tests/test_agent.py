@@ -121,6 +121,12 @@ def test_served_script_streams_samples_steps_and_censuses(served, runtime_dir):
         wait_until(lambda: any(c.command == "gc_collect" for c in seen.of(CommandResult)))
         assert next(c for c in seen.of(CommandResult) if c.command == "gc_collect").ok
 
+        remote.command("snapshot")  # a CPU process: refused, and said once, not twice
+        wait_until(lambda: any(c.command == "snapshot" for c in seen.of(CommandResult)))
+        refused = [c for c in seen.of(CommandResult) if c.command == "snapshot"]
+        assert len(refused) == 1 and not refused[0].ok
+        assert "has not used CUDA" in refused[0].message and refused[0].output == ""
+
         remote.mark("from the viewer")
         wait_until(lambda: any(m.label == "from the viewer" for m in seen.of(Marker)))
 
@@ -315,3 +321,58 @@ def test_cli_attach_through_a_copied_entry_and_a_given_socket(served, tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "is not a torchmem agent entry" in bad.stderr
+
+
+def test_cli_attach_snapshot_records_history_and_lists_the_file(
+    stub_cuda, runtime_dir, tmp_path, monkeypatch, capsys
+):
+    from torchmem.agent import Agent
+    from torchmem.attach import attach_headless
+    from torchmem.backends import ProcessBackend, TorchAllocatorBackend
+    from torchmem.source import InProcessSource
+
+    monkeypatch.setenv("TORCHMEM_SNAPSHOT_DIR", str(tmp_path / "snaps"))
+    source = InProcessSource(
+        Session(), backends=[ProcessBackend(), TorchAllocatorBackend(stub_cuda, "cuda")], hz=20
+    )
+    source.sampler.start()
+    agent = Agent(source)
+    agent.start()
+    try:
+        out = tmp_path / "attach.json"
+        assert attach_headless(os.getpid(), 0.5, str(out), snapshot=True) == 0
+    finally:
+        agent.close(linger_s=0)
+        source.close()
+    (path,) = json.loads(out.read_text())["snapshots"]
+    assert os.path.dirname(path) == str(tmp_path / "snaps") and os.path.getsize(path) > 0
+    assert f"memory snapshot {path}" in capsys.readouterr().err
+    recorded = [c for c in stub_cuda.calls if c.startswith("record_history")]
+    assert recorded == ["record_history(all, 100000)", "record_history(None, 1)"], (
+        "recording starts on attach and stops once the snapshot is written"
+    )
+
+
+def test_cli_attach_snapshot_without_cuda_or_agent_says_why(served, tmp_path):
+    proc, _ = served
+    out = tmp_path / "attach.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "torchmem", "attach", "--snapshot", "--duration", "0.5",
+         "--summary", str(out), str(proc.pid)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "no snapshot: allocation history records CUDA allocations" in result.stderr
+    assert json.loads(out.read_text())["snapshots"] == []
+    plain = start(["-c", "import time; time.sleep(30)"])
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "torchmem", "attach", "--snapshot", "--duration", "0.5",
+             str(plain.pid)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        plain.kill()
+        plain.communicate()
+    assert result.returncode == 1
+    assert f"--snapshot needs an agent in process {plain.pid}" in result.stderr

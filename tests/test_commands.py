@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import gc
+import os
+import pickle
 import re
+from pathlib import Path
 
 from torchmem.backends import ProcessBackend, TorchAllocatorBackend
-from torchmem.commands import empty_cache, gc_collect, reset_peaks
+from torchmem.commands import (
+    allocation_history,
+    empty_cache,
+    gc_collect,
+    reset_peaks,
+    save_snapshot,
+)
 from torchmem.session import Session
 from torchmem.source import InProcessSource
 
@@ -72,3 +81,43 @@ def test_session_forgets_its_peaks_when_told(stub_cuda):
     assert result.ok and session.commands[-1] is result
     assert session.latest()["cuda:0/allocated"][1] == 12 << 20
     assert source.command("bogus").ok is False
+
+
+def test_allocation_history_starts_stops_and_a_snapshot_lands_in_the_folder(
+    stub_cuda, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TORCHMEM_SNAPSHOT_DIR", str(tmp_path / "snaps"))
+    session = Session()
+    source = InProcessSource(session, [ProcessBackend(), TorchAllocatorBackend(stub_cuda, "cuda")])
+    started = source.command("history_start")
+    assert started.ok and "100,000 events" in started.message
+    assert stub_cuda.memory.recording == 100_000
+    snap = source.command("snapshot")
+    assert snap.ok and session.commands[-1] is snap
+    path = Path(snap.output)
+    assert path.parent == tmp_path / "snaps" and path.name.startswith(f"snapshot-{os.getpid()}-")
+    assert (path.parent.stat().st_mode & 0o777) == 0o700  # stacks can name private code
+    with path.open("rb") as f:
+        assert pickle.load(f)["device_traces"] == [[{"action": "alloc"}]]
+    assert str(path) in snap.message and "memory_viz" in snap.message
+    stopped = source.command("history_stop")
+    assert stopped.ok and stub_cuda.memory.recording is None
+    assert stub_cuda.calls[-1] == "record_history(None, 1)"
+
+
+def test_allocation_history_is_refused_where_cuda_is_not_in_use(stub_cuda, tmp_path):
+    assert not allocation_history([ProcessBackend()], now, record=True).ok
+    stub_cuda.initialized = False  # recording would create a CUDA context of its own
+    result = allocation_history([TorchAllocatorBackend(stub_cuda, "cuda")], now, record=True)
+    assert not result.ok and "has not used CUDA" in result.message
+    assert stub_cuda.memory.recording is None
+    snap = save_snapshot([TorchAllocatorBackend(stub_cuda, "cuda")], now, tmp_path)
+    assert not snap.ok and snap.output == "" and not list(tmp_path.iterdir())
+
+
+def test_a_snapshot_that_cannot_be_written_says_where_and_why(stub_cuda, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = save_snapshot([TorchAllocatorBackend(stub_cuda, "cuda")], now, blocker / "snaps")
+    assert not result.ok
+    assert result.message.startswith(f"cannot write a snapshot in {blocker / 'snaps'}")

@@ -157,6 +157,32 @@ def test_gc_collect_button_reports_what_it_freed(qtbot, window, script_path):
 def test_empty_cache_is_disabled_without_an_accelerator(window):
     assert not window.act_empty.isEnabled()
     assert "No accelerator" in window.act_empty.toolTip()
+    assert not window.act_history.isEnabled() and not window.act_snapshot.isEnabled()
+
+
+def test_allocation_history_toggles_from_the_result_and_the_snapshot_path_stays_up(
+    qtbot, make_window, stub_cuda, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TORCHMEM_SNAPSHOT_DIR", str(tmp_path))
+    window = make_window([ProcessBackend(), TorchAllocatorBackend(stub_cuda, "cuda")])
+    assert window.act_history.isEnabled() and not window.act_history.isChecked()
+    window.act_history.trigger()
+    assert not window.act_history.isChecked(), "checked only once the target says so"
+    qtbot.waitUntil(window.act_history.isChecked)
+    assert stub_cuda.memory.recording == 100_000
+    assert "recording CUDA allocation history" in window.statusBar().currentMessage()
+    window.act_snapshot.trigger()
+    qtbot.waitUntil(lambda: window.banner.isVisible())
+    written = list(tmp_path.glob("snapshot-*.pickle"))
+    assert len(written) == 1 and str(written[0]) in window.banner.label.text()
+    assert window.banner.severity == "info"
+    window.act_history.trigger()
+    qtbot.waitUntil(lambda: not window.act_history.isChecked())
+    assert stub_cuda.memory.recording is None
+    stub_cuda.initialized = False  # e.g. a new process that has not used CUDA yet
+    window.act_history.trigger()
+    qtbot.waitUntil(lambda: "has not used CUDA" in window.statusBar().currentMessage())
+    assert not window.act_history.isChecked()
 
 
 def test_accelerator_traces_and_empty_cache_with_a_stub_device(

@@ -98,6 +98,7 @@ def test_every_event_type_survives_the_wire():
         RunStarted(0.0, "/tmp/train.py", ("--lr", "0.1"), "served"),
         RunFinished(9.0, RunStatus.OOM, 1, "CUDA out of memory", "Traceback...", 9.0),
         CommandResult(3.0, "gc_collect", True, "freed 1 MiB", {"cpu/rss": -1048576.0}),
+        CommandResult(3.1, "snapshot", True, "written", {}, "/tmp/snapshot-1.pickle"),
         CensusTaken(4.0, 12, census, "user"),
         Alert(5.0, "leak:cpu/rss", "leak", "warning", "active", "cpu/rss", 5, 30,
               "grows", "detach", 1024.0, 2048.0, ({"name": "losses[*]", "count": 1},), 28),
@@ -124,6 +125,15 @@ def test_every_event_type_survives_the_wire():
         {"e": "run_finished", "t": 1.0, "status": "finished"},
         {"e": "census", "t": 1.0, "step": 0, "trigger": "user", "census": {"storages": [[1]]}},
         {"e": "alert", "t": 1.0},
+        {
+            "e": "command",
+            "t": 1.0,
+            "command": "x",
+            "ok": True,
+            "message": "",
+            "changes": {},
+            "output": 7,
+        },
         {"e": "unknown", "t": 1.0},
     ],
 )
