@@ -73,21 +73,59 @@ finally:
 """
 
 
-class WithAgent(Monitored):
+def torchmem_cpu() -> float:
+    """CPU seconds used so far by this process's torchmem threads (sampler, agent)."""
+    ids = {t.native_id for t in threading.enumerate() if t.name.startswith("torchmem")}
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+
+
+class Measured(Monitored):
+    """:class:`Monitored`, also counting the CPU its own threads use while timed: the
+    share of a core torchmem takes from the machine, which the noise of step times on a
+    small VM hides."""
+
+    def __init__(self, hz: float) -> None:
+        super().__init__(hz)
+        self.cpu_s = 0.0
+        self.wall_s = 0.0
+
+    def block(self, step, steps: int) -> list[float]:
+        self.tracker.install()
+        self.source.sampler.start()
+        try:
+            before = torchmem_cpu()
+            times = timed_block(step, steps)
+            self.cpu_s += torchmem_cpu() - before
+            self.wall_s += sum(times)
+            return times
+        finally:
+            self.source.sampler.stop()
+            self.source.sampler.flush_boundaries()
+            self.tracker.uninstall()
+
+
+class WithAgent(Measured):
     """torchmem's defaults plus the agent, with a viewer subscribed before timing starts
     (``viewer=False``: the agent alone, published but never attached)."""
 
-    def __init__(self, hz: float, viewer: bool = True) -> None:
+    def __init__(self, hz: float, viewer: psutil.Process | None = None) -> None:
         super().__init__(hz)
         self.viewer = viewer
+        self.viewer_cpu_s = 0.0
 
     def block(self, step, steps: int) -> list[float]:
         agent = Agent(self.source, label="" if self.viewer else "no-viewer")
         agent.start()
         try:
-            if self.viewer and not agent.first_viewer.wait(30):
+            if self.viewer is None:
+                return super().block(step, steps)
+            if not agent.first_viewer.wait(30):
                 raise RuntimeError("the viewer process never subscribed")
-            return super().block(step, steps)
+            before = self.viewer.cpu_times()
+            times = super().block(step, steps)
+            after = self.viewer.cpu_times()
+            self.viewer_cpu_s += after.user + after.system - before.user - before.system
+            return times
         finally:
             agent.close(linger_s=0)
 
@@ -100,29 +138,51 @@ def step_time(blocks: int, steps: int) -> None:
             step()
         variants = {
             "unmonitored": None,
-            "defaults, no agent": Monitored(10.0),
-            "agent, no viewer": WithAgent(10.0, viewer=False),
-            "agent + viewer": WithAgent(10.0),
+            "defaults, no agent": Measured(10.0),
+            "agent, no viewer": WithAgent(10.0),
+            "agent + viewer": WithAgent(10.0, viewer=psutil.Process(viewer.pid)),
         }
+        names = list(variants)
         results: dict[str, list[float]] = {name: [] for name in variants}
-        for _ in range(blocks):
-            for name, monitor in variants.items():
-                results[name] += (
-                    timed_block(step, steps) if monitor is None else monitor.block(step, steps)
-                )
+        rounds: list[dict[str, float]] = []  # each round's median step per variant
+        for r in range(blocks):
+            # The order turns round by round, so that no variant always follows another
+            # (an agent's teardown, a warm cache) and slow drifts hit every variant alike.
+            medians = {}
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                monitor = variants[name]
+                times = timed_block(step, steps) if monitor is None else monitor.block(step, steps)
+                results[name] += times
+                medians[name] = statistics.median(times)
+            rounds.append(medians)
+        viewed = variants["agent + viewer"]
+        viewer_share = viewed.viewer_cpu_s / viewed.wall_s
     finally:
         viewer.kill()
         viewer.wait()
     base = statistics.median(results["unmonitored"])
     base_mean = statistics.fmean(results["unmonitored"])
-    print(f"\n1. step time ({blocks} blocks x {steps} steps, interleaved)")
-    print(f"{'variant':<20} {'median':>10} {'ratio':>7} {'mean':>10} {'ratio':>7}")
+    print(f"\n1. step time ({blocks} rounds x {steps} steps, interleaved, order rotated)")
+    print(
+        f"{'variant':<20} {'median':>10} {'ratio':>7} {'mean':>10} {'ratio':>7}"
+        f"   {'paired ratio: median [quartiles]':>34}   {'torchmem threads':>16}"
+    )
     for name, times in results.items():
         med, mean = statistics.median(times), statistics.fmean(times)
+        # Each round's block against the unmonitored block of the same round: what the
+        # variant costs, with the machine's slow drifts taken out.
+        paired = sorted(m[name] / m["unmonitored"] for m in rounds)
+        monitor = variants[name]
+        cpu = f"{monitor.cpu_s / monitor.wall_s:.2%} of a core" if monitor else "-"
+        q1, q2, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
         print(
             f"{name:<20} {med * 1e3:>7.2f} ms {med / base:>7.3f} {mean * 1e3:>7.2f} ms "
-            f"{mean / base_mean:>7.3f}"
+            f"{mean / base_mean:>7.3f}   {q2:>16.3f} [{q1:.3f}, {q3:.3f}]   {cpu:>16}"
         )
+    print(
+        f"the viewer process (a RemoteSource, no window), while subscribed and timed: "
+        f"{viewer_share:.2%} of a core"
+    )
 
 
 def _qt_app():
