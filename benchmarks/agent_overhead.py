@@ -89,19 +89,12 @@ class Measured(Monitored):
         self.cpu_s = 0.0
         self.wall_s = 0.0
 
-    def block(self, step, steps: int) -> list[float]:
-        self.tracker.install()
-        self.source.sampler.start()
-        try:
-            before = torchmem_cpu()
-            times = timed_block(step, steps)
-            self.cpu_s += torchmem_cpu() - before
-            self.wall_s += sum(times)
-            return times
-        finally:
-            self.source.sampler.stop()
-            self.source.sampler.flush_boundaries()
-            self.tracker.uninstall()
+    def timed(self, step, steps: int) -> list[float]:
+        before = torchmem_cpu()
+        times = super().timed(step, steps)
+        self.cpu_s += torchmem_cpu() - before
+        self.wall_s += sum(times)
+        return times
 
 
 class WithAgent(Measured):

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .commands import HISTORY_COMMANDS
+from .commands import COMMANDS, HISTORY_COMMANDS
 from .discovery import AgentEntry, boot_id, remove_entry, runtime_dir, write_entry
 from .events import Event, Marker, MarkerKind, RunFinished, RunStarted, RunStatus, Sample
 from .protocol import (
@@ -593,7 +593,7 @@ class Agent:
 
     def _run_request(self, name: str, args: dict[str, Any]) -> Any:
         source = self.source
-        if name in ("census", "gc_collect", "empty_cache", "reset_peaks", *HISTORY_COMMANDS):
+        if name in ("census", *COMMANDS, *HISTORY_COMMANDS):
             # The result reaches every viewer as an event, failed or not; an error reply
             # as well would tell the asking viewer twice.
             result = source.command(name)

@@ -423,12 +423,13 @@ def attach_headless(
             "torchmem.serve() or `torchmem run --attachable`, or add --inject\n"
         )
         return 1
-    recording = []
+    recording = False
     if snapshot:
-        for result in run.command("history_start"):
+        started = run.command("history_start")
+        for result in started:
             if not result.ok:
                 sys.stderr.write(f"torchmem: no snapshot: {result.message}\n")
-            recording.append(result.ok)
+        recording = any(result.ok for result in started)
     if not quiet:
         if not run.remotes:
             what = "from outside: no agent, so RSS and GPU memory only"
@@ -444,7 +445,7 @@ def attach_headless(
         )
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C detaches; the summary is still written
         run.follow(duration, close=False)
-    snapshots = _save_snapshots(run) if any(recording) else []
+    snapshots = _save_snapshots(run) if recording else []
     run.close()
     data = {
         "pid": pid,

@@ -111,6 +111,11 @@ def reset_peaks(
     return CommandResult(now(), "reset_peaks", True, message)
 
 
+def _recorder(backends: Sequence[MemoryBackend]) -> MemoryBackend | None:
+    # PyTorch records and snapshots every CUDA device at once, through one backend.
+    return next((b for b in backends if b.records_history), None)
+
+
 def allocation_history(
     backends: Sequence[MemoryBackend], now: Callable[[], float], record: bool
 ) -> CommandResult:
@@ -121,12 +126,11 @@ def allocation_history(
     capture per allocation, so it stays off until a user asks.
     """
     name = "history_start" if record else "history_stop"
-    recorders = [b for b in backends if b.records_history]
-    if not recorders:
+    recorder = _recorder(backends)
+    if recorder is None:
         return CommandResult(now(), name, False, _NO_HISTORY)
     try:
-        for backend in recorders:
-            backend.record_history(HISTORY_ENTRIES if record else None)
+        recorder.record_history(HISTORY_ENTRIES if record else None)
     except Exception as exc:  # a torch build without it raises RuntimeError
         return CommandResult(now(), name, False, f"allocation history: {exc}")
     message = (
@@ -143,13 +147,13 @@ def save_snapshot(
 ) -> CommandResult:
     """Write a CUDA memory snapshot (segments, blocks, recorded history) into ``folder``,
     for https://pytorch.org/memory_viz."""
-    recorders = [b for b in backends if b.records_history]
-    if not recorders:
+    recorder = _recorder(backends)
+    if recorder is None:
         return CommandResult(now(), "snapshot", False, _NO_HISTORY)
     path = folder / f"snapshot-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.pickle"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        recorders[0].dump_snapshot(str(path))  # one snapshot covers every CUDA device
+        recorder.dump_snapshot(str(path))
         size = path.stat().st_size
     except OSError as exc:
         return CommandResult(

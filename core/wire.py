@@ -199,6 +199,14 @@ def _optional_int(data: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def _optional_str(data: dict[str, Any], key: str) -> str:
+    """A text field newer agents send and older ones leave out."""
+    value = data.get(key, "")
+    if not isinstance(value, str):
+        raise ProtocolError(f"field {key!r} must be a string")
+    return value
+
+
 def event_from_wire(data: Any) -> Event:
     """Rebuild the event :func:`event_to_wire` wrote; ProtocolError for anything else."""
     if not isinstance(data, dict):
@@ -267,11 +275,3 @@ def event_from_wire(data: Any) -> Event:
             raised_step=field(data, "raised_step", int),
         )
     raise ProtocolError(f"unknown event kind {kind!r}")
-
-
-def _optional_str(data: dict[str, Any], key: str) -> str:
-    """A text field newer agents send and older ones leave out."""
-    value = data.get(key, "")
-    if not isinstance(value, str):
-        raise ProtocolError(f"{key!r} must be a string")
-    return value
