@@ -7,11 +7,14 @@ its output goes straight to the terminal, and the exit code is the script's.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 from . import __version__
 from .events import RunFinished, RunStatus
+from .parent_watch import ParentWatch
+from .runner import EXIT_STOPPED
 from .session import Session
 from .source import InProcessSource
 from .summary_file import int_peaks, write_summary
@@ -61,6 +64,11 @@ def run_headless(
     """
     session = Session()
     source = InProcessSource(session, hz=hz)
+    # An isolated run of the window ends with the window, whatever killed it: from here on,
+    # including the wait for the window to attach.
+    watch = ParentWatch.from_environment(
+        lambda: source.request_stop(grace_s=2.0) if source.running else os._exit(EXIT_STOPPED)
+    )
     agent = None
     if attachable or listen:
         from .agent import Agent
@@ -71,6 +79,8 @@ def run_headless(
             entry = agent.start()
         except (OSError, DiscoveryError) as exc:
             sys.stderr.write(f"torchmem: cannot start the agent: {exc}\n")
+            if watch is not None:
+                watch.close()
             return 2
         if not quiet:
             sys.stderr.write(
@@ -84,6 +94,8 @@ def run_headless(
     try:
         result = source.run_script(script, args, cwd=cwd, capture_output=agent is not None)
     finally:
+        if watch is not None:
+            watch.close()
         source.close()
         if agent is not None:
             agent.close()

@@ -23,6 +23,7 @@ from typing import Any
 from .client import AttachError
 from .discovery import find_agent
 from .events import CommandResult, LogRecord, RunFinished, RunStarted, RunStatus, Stream
+from .parent_watch import PARENT_ENV
 from .remote import RemoteSource
 from .runner import EXIT_STOPPED, ScriptError, validate_script
 from .session import Session
@@ -145,6 +146,8 @@ class IsolatedSource:
             self.process = subprocess.Popen(
                 command,
                 cwd=cwd,
+                # The child ends with this process, even if it is killed (see parent_watch).
+                env={**os.environ, PARENT_ENV: str(os.getpid())},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,  # the agent forwards the output as log records
                 stderr=errors,

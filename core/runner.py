@@ -80,7 +80,15 @@ def validate_script(path: str | os.PathLike[str]) -> Path:
 
 
 class _Tee(io.TextIOBase):
-    """A text stream that writes through to the terminal and also logs each write."""
+    """A text stream that writes through to the terminal and also logs each write.
+
+    In a forked child (a DataLoader worker) it only writes through: the sink takes locks
+    (the Session's) that another thread of the parent may have held at the fork, and a
+    child that waits for them hangs for good (seen about once in 250 forks).
+    """
+
+    #: Set in a child after ``os.fork()``; the child's writes skip the sink.
+    forked = False
 
     def __init__(
         self, original: TextIO | None, stream: Stream, sink: Callable[[Stream, str], None]
@@ -96,7 +104,7 @@ class _Tee(io.TextIOBase):
         if self._original is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._original.write(text)
-        if text:
+        if text and not _Tee.forked:
             self._sink(self._stream, text)
         return len(text)
 
@@ -116,6 +124,14 @@ class _Tee(io.TextIOBase):
         if self._original is None:
             raise io.UnsupportedOperation("fileno")
         return self._original.fileno()
+
+
+def _mark_forked() -> None:
+    _Tee.forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
 
 
 def _is_oom(exc: BaseException) -> bool:

@@ -156,6 +156,12 @@ class Session:
         with self._lock:
             return {k: (b.last, b.peak) for k, b in self.series.items()}
 
+    def last_times(self) -> dict[str, float]:
+        """When each series was last read (Session time): readings older than their
+        neighbours are stale, and views say so."""
+        with self._lock:
+            return {k: float(b.last_t) for k, b in self.series.items()}
+
     def peak_bytes(self) -> dict[str, float]:
         """Peak per device for summaries: accelerator peak allocated, and ``cpu_rss``."""
         with self._lock:

@@ -30,6 +30,8 @@ class SeriesBuffer:
         self.count = 0
         self.peak = -np.inf
         self.last = np.nan
+        #: Time of the last sample (NaN before the first): how fresh ``last`` is.
+        self.last_t = np.nan
 
     @property
     def bucket_width(self) -> int:
@@ -55,6 +57,7 @@ class SeriesBuffer:
         self._v[idx] = value
         self.count += 1
         self.last = value
+        self.last_t = t
         if value > self.peak:
             self.peak = value
 

@@ -189,7 +189,12 @@ class MainWindow(QMainWindow):
             act.setToolTip(full)
             act.setStatusTip(tip)
         act.setCheckable(checkable)
-        act.triggered.connect(slot)
+        if checkable:
+            act.triggered.connect(slot)
+        else:
+            # QAction.triggered carries ``checked=False``: passed on, it would land in the
+            # slot's first parameter (it once turned Stop's ``confirm`` off). Call plainly.
+            act.triggered.connect(lambda _checked=False, slot=slot: slot())
         return act
 
     def _build_actions(self) -> None:
@@ -583,7 +588,7 @@ class MainWindow(QMainWindow):
         return True
 
     @Slot()
-    def stop(self, confirm: bool = True) -> None:
+    def stop(self, *, confirm: bool = True) -> None:
         """Ask the running script to stop at its next step (forced after 2 s).
 
         An attached script was not started here: stopping it asks first.

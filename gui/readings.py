@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
 from torchmem.backends import METRICS, series_label, split_key
@@ -13,9 +14,17 @@ from torchmem.units import format_bytes
 
 from .trace_plot import series_color
 
+#: A reading older than this (seconds) next to the others is shown with its age, greyed.
+STALE_AFTER_S = 3.5
+
 
 class ReadingsTable(QTableWidget):
-    """One row per series: name, now, peak, share of the device's capacity."""
+    """One row per series: name, now, peak, share of the device's capacity.
+
+    "Now" is only ever fresh: a reading older than :data:`STALE_AFTER_S` (USS is read every
+    2 s; a series whose rank stopped reporting) shows its age and is greyed. Once the run
+    has ended the column reads "Last" (the values at its end).
+    """
 
     HEADERS = ("Series", "Now", "Peak", "of capacity")
 
@@ -37,7 +46,18 @@ class ReadingsTable(QTableWidget):
 
     def refresh(self) -> None:
         """Update every row from the Session."""
-        for key, (last, peak) in self.session.latest().items():
+        latest = self.session.latest()
+        times = self.session.last_times()
+        ended = self.session.run_finished is not None
+        reference = max((t for t in times.values() if math.isfinite(t)), default=self.session.now())
+        if not ended:
+            reference = max(reference, self.session.now())
+        header = "Last" if ended else "Now"
+        if self.horizontalHeaderItem(1).text() != header:
+            self.horizontalHeaderItem(1).setText(header)
+        grey = self.palette().color(QPalette.Disabled, QPalette.Text)
+        normal = self.palette().color(QPalette.Text)
+        for key, (last, peak) in latest.items():
             row = self._rows.get(key)
             if row is None:
                 row = self._rows[key] = self.rowCount()
@@ -51,7 +71,20 @@ class ReadingsTable(QTableWidget):
                     cell = QTableWidgetItem()
                     cell.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                     self.setItem(row, col, cell)
-            self.item(row, 1).setText(format_bytes(last) if not math.isnan(last) else "–")
+            now_item = self.item(row, 1)
+            age = reference - times.get(key, math.nan)
+            if math.isnan(last):
+                now_item.setText("–")
+            elif age > STALE_AFTER_S:
+                now_item.setText(f"{format_bytes(last)} · {_age(age)} old")
+                now_item.setForeground(grey)
+                now_item.setToolTip(
+                    f"Last read {age:.1f} s before the newest reading: it may have changed since."
+                )
+            else:
+                now_item.setText(format_bytes(last))
+                now_item.setForeground(normal)
+                now_item.setToolTip("")
             self.item(row, 2).setText(format_bytes(peak) if math.isfinite(peak) else "–")
             device = split_key(key)[0]
             scope, _, bare = device.rpartition("/")  # "rank1/cuda:0" in a job
@@ -65,8 +98,18 @@ class ReadingsTable(QTableWidget):
         """Forget all rows (a new run)."""
         self.setRowCount(0)
         self._rows.clear()
+        self.horizontalHeaderItem(1).setText("Now")
 
     def row_text(self, key: str) -> tuple[str, str, str]:
         """(label, now, peak) as shown, for tests and copy."""
         row = self._rows[key]
         return tuple(self.item(row, c).text() for c in range(3))  # type: ignore[return-value]
+
+
+def _age(seconds: float) -> str:
+    """``12 s``, ``3 min``, ``2 h``: how old a reading is."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.0f} h"

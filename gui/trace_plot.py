@@ -277,7 +277,16 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 pen.setStyle(Qt.DashLine)
             group = plot_group(key)
             plot = self.plots[group]
-            curve = plot.plot([], [], pen=pen, name=series_label(key), skipFiniteCheck=True)
+            if metric in METRICS and METRICS[metric].sparse:
+                # Read every few seconds (USS): a dot per reading. A line between readings
+                # would invent the values in between (a ramp down from a burst long gone).
+                curve = plot.plot(
+                    [], [], pen=None, symbol="o", symbolSize=5, symbolPen=None,
+                    symbolBrush=series_color(key), name=series_label(key),
+                    skipFiniteCheck=True,
+                )  # fmt: skip
+            else:
+                curve = plot.plot([], [], pen=pen, name=series_label(key), skipFiniteCheck=True)
             self.legend.addItem(curve, series_label(key))
             curve.setToolTip(METRICS[metric].tooltip if metric in METRICS else key)
             scope = self.scope

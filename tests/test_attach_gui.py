@@ -21,7 +21,9 @@ def served_proc(runtime_dir):
     proc.communicate(timeout=30)
 
 
-def test_attach_shows_steps_and_censuses_then_stop_ends_the_run(qtbot, make_window, served_proc):
+def test_attach_shows_steps_and_censuses_then_stop_asks_and_ends_the_run(
+    qtbot, make_window, served_proc, monkeypatch
+):
     window = make_window()
     assert window.attach(served_proc.pid)
     qtbot.waitUntil(lambda: "Attached to pid" in window.run_label.text(), timeout=30_000)
@@ -39,7 +41,22 @@ def test_attach_shows_steps_and_censuses_then_stop_ends_the_run(qtbot, make_wind
     text = details_text(buffer, census.storages[buffer.storage_key], window.tensors.referrers)
     assert "What keeps it alive (nearest first)" in text and "served_buffer" in text
 
-    window.stop(confirm=False)
+    # Stop asks first: a "No" leaves the attached run going (someone's week-long training).
+    from PySide6.QtWidgets import QMessageBox
+
+    asked = []
+    answer = QMessageBox.No
+    monkeypatch.setattr(
+        QMessageBox, "question", lambda *a, **k: asked.append(a) or answer, raising=True
+    )
+    window.act_stop.trigger()  # as the toolbar button and Shift+F5 do
+    assert len(asked) == 1, "Stop on an attached run must ask first"
+    steps = window.session.steps.steps
+    qtbot.waitUntil(lambda: window.session.steps.steps >= steps + 5, timeout=30_000)
+    assert served_proc.poll() is None and window.running
+    answer = QMessageBox.Yes
+    window.act_stop.trigger()
+    assert len(asked) == 2
     result = finish(qtbot, window)
     assert result.status is RunStatus.STOPPED, log_text(window)
     assert "Stopped" in window.run_label.text()

@@ -310,3 +310,31 @@ def test_only_the_newest_marker_lines_are_kept(qtbot, window):
     assert labels[-1] == f"mark {3 * MAX_MARKER_LINES - 1}" and labels == sorted(
         labels, key=lambda text: int(text.split()[1])
     )
+
+
+def test_a_stale_reading_is_never_shown_as_now(qtbot, window):
+    """USS is read every 2 s: after a burst its old reading must not pass for "now"."""
+    from torchmem.events import RunFinished, RunStarted, RunStatus
+
+    s = window.session
+    s.submit(RunStarted(0.0, "burst.py", ()))
+    s.submit(Sample(1.0, {"cpu/rss": 3.3 * 2**30, "cpu/uss": 3.2 * 2**30}))
+    for i in range(2, 20):
+        s.submit(Sample(float(i), {"cpu/rss": 356 * 2**20}))
+    s.submit(RunFinished(19.5, RunStatus.FINISHED, 0, "finished"))
+    window.readings.refresh()
+    _, rss_now, _ = window.readings.row_text("cpu/rss")
+    _, uss_now, _ = window.readings.row_text("cpu/uss")
+    assert rss_now == "356.0 MiB"
+    assert uss_now.endswith("18 s old"), uss_now
+    assert window.readings.horizontalHeaderItem(1).text() == "Last"  # the run has ended
+    # Drawn as dots, one per reading, never as a line ramping between readings.
+    window.plot.refresh(force=True)
+    uss_curve = window.plot._curves["cpu/uss"]
+    assert uss_curve.opts["pen"] is None and uss_curve.opts["symbol"] == "o"
+
+
+def test_uss_is_read_with_the_rss_of_the_same_moment():
+    out: dict[str, float] = {}
+    ProcessBackend(uss_every_s=0.0).read(out)
+    assert 0 < out["cpu/uss"] <= out["cpu/rss"]

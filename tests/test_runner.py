@@ -193,3 +193,50 @@ def test_dataloader_with_worker_processes_runs_in_a_thread(script_path):
     assert result.exit_code == 0, result.traceback + result.message
     assert "batches 4" in "".join(r.text for r in session.logs)
     assert runner.steps == 4
+
+
+def test_a_forked_child_prints_while_another_thread_holds_the_log_lock(tmp_path):
+    """A DataLoader worker forked while the Session's lock is held must still print."""
+    script = tmp_path / "fork_print.py"
+    script.write_text(
+        "import os, sys, threading\n"
+        "held, release = threading.Event(), threading.Event()\n"
+        "def hold():\n"
+        "    with LOCK:\n"
+        "        held.set(); release.wait(30)\n"
+        "t = threading.Thread(target=hold); t.start(); held.wait(30)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print('worker says hi', flush=True)\n"
+        "    os._exit(0)\n"
+        "import time\n"
+        "for _ in range(400):\n"  # 20 s, then a hung child is killed: the test fails, not hangs
+        "    done, status = os.waitpid(pid, os.WNOHANG)\n"
+        "    if done: break\n"
+        "    time.sleep(0.05)\n"
+        "else:\n"
+        "    os.kill(pid, 9); os.waitpid(pid, 0); status = 1 << 8\n"
+        "release.set(); t.join()\n"
+        "print('child exit', os.waitstatus_to_exitcode(status))\n"
+    )
+    lock = threading.Lock()
+    events = []
+
+    def emit(event):
+        with lock:  # as Session.submit does
+            events.append(event)
+
+    runner = ScriptRunner(script, [], emit)
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(r=runner.run()), daemon=True)
+    try:
+        import builtins
+
+        builtins.LOCK = lock
+        thread.start()
+        thread.join(60)
+    finally:
+        del builtins.LOCK
+    assert not thread.is_alive(), "the forked child hung on the log's lock"
+    assert box["r"].exit_code == 0, box["r"].traceback
+    assert "child exit 0" in logs(events)
