@@ -35,7 +35,14 @@ from typing import Any
 
 from . import __version__
 from .commands import COMMANDS, HISTORY_COMMANDS
-from .discovery import AgentEntry, boot_id, remove_entry, runtime_dir, write_entry
+from .discovery import (
+    AgentEntry,
+    boot_id,
+    process_start_ticks,
+    remove_entry,
+    runtime_dir,
+    write_entry,
+)
 from .events import Event, Marker, MarkerKind, RunFinished, RunStarted, RunStatus, Sample
 from .protocol import (
     MAX_REQUEST_BYTES,
@@ -46,7 +53,7 @@ from .protocol import (
     encode,
     field,
 )
-from .runner import EXIT_STOPPED
+from .runner import EXIT_STOPPED, classify_exception
 from .session import Session
 from .source import InProcessSource, active_source
 from .steps import ScriptStopped
@@ -196,6 +203,7 @@ class Agent:
             world_size=_env_int("WORLD_SIZE"),
             started=time.time() - self.session.now(),
             label=self.label,
+            start_ticks=process_start_ticks(self.pid),
         )
         self._unsubscribe = self.session.subscribe(self._on_event)
         self._thread = threading.Thread(target=self._serve, name="torchmem-agent", daemon=True)
@@ -746,13 +754,10 @@ def _report_exit(agent: Agent) -> None:
             import traceback
 
             text = "".join(traceback.format_exception(kind, exc, tb))
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            status, code = RunStatus.FAILED, 1
-            message = f"raised {kind.__name__}: {first}" if first else f"raised {kind.__name__}"
+            status, code, message = classify_exception(exc)
             if issubclass(kind, ScriptStopped):
+                first = str(exc).splitlines()[0] if str(exc) else "stopped"
                 status, code, message, text = RunStatus.STOPPED, EXIT_STOPPED, first, ""
-            elif "out of memory" in first.lower():
-                status = RunStatus.OOM
             session.submit(
                 RunFinished(session.now(), status, code, message, text, time.monotonic() - started)
             )

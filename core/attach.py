@@ -30,7 +30,7 @@ from .rank_totals import RankTotals
 from .remote import RemoteSource
 from .sampler import Sampler
 from .session import Session
-from .summary_file import int_peaks, write_summary
+from .summary import build_summary, rank_row, write_summary
 from .units import format_bytes
 
 
@@ -67,6 +67,17 @@ def _has_torch(proc: psutil.Process) -> bool:
         return any("libtorch" in m.path for m in proc.memory_maps(grouped=True))
     except (OSError, psutil.Error):
         return False
+
+
+def _is_viewer(cmd: list[str]) -> bool:
+    """True for a torchmem window or ``torchmem ps/attach`` (torch loaded, nothing to
+    attach to): ``torchmem ...`` or ``python -m torchmem ...`` other than ``run``."""
+    for i, arg in enumerate(cmd[:3]):
+        module = arg == "torchmem" and cmd[i - 1 : i] == ["-m"]
+        if module or (i < 2 and Path(arg).name == "torchmem"):  # the entry point's script
+            rest = cmd[i + 1 :]
+            return not rest or rest[0] != "run"
+    return False
 
 
 def _gpu_bytes_by_pid() -> dict[int, int]:
@@ -111,6 +122,8 @@ def list_processes(include_plain: bool = True) -> list[ProcessInfo]:
             name = (info.get("name") or "").lower()
             cmd = info.get("cmdline") or []
             if "python" not in name and not (cmd and "python" in Path(cmd[0]).name):
+                continue
+            if _is_viewer(cmd):
                 continue
             if not _has_torch(proc):
                 continue
@@ -186,8 +199,11 @@ class ProcessWatchSource:
         """True while the process lives; reports its end once."""
         if self.ended:
             return False
-        if self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE:
-            return True
+        try:
+            if self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:  # it vanished between the two questions: it ended
+            pass
         self.ended = True
         self.sampler.stop()
         s = self.session
@@ -443,28 +459,20 @@ def attach_headless(
             + (f" for {duration:g} s" if duration else " until it ends (Ctrl+C to detach)")
             + "\n"
         )
+    attached_at = time.monotonic()
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C detaches; the summary is still written
         run.follow(duration, close=False)
     snapshots = _save_snapshots(run) if recording else []
     run.close()
-    data = {
-        "pid": pid,
-        "injected": run.injected,
-        "attached": "agent" if run.remotes else "process",
-        "samples": session.samples,
-        "peak_bytes": int_peaks(session.peak_bytes()),
-        "ranks": [
-            {
-                "pid": r.pid,
-                "rank": r.entry.rank,
-                "world_size": r.entry.world_size,
-                "ended": r.end_reason not in ("", "closed"),
-            }
-            for r in run.remotes
-        ],
-        "steps": session.steps.steps,
-        "alerts": [a.to_json() for a in session.alert_list()],
-    }
+    data = build_summary(
+        "attach",
+        session,
+        pid=pid,
+        injected=run.injected,
+        attached="agent" if run.remotes else "process",
+        duration_s=round(time.monotonic() - attached_at, 3),
+        ranks=[rank_row(r) for r in run.remotes],
+    )
     if snapshot:
         data["snapshots"] = snapshots
     if not quiet:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import __version__
 from .sampler import MAX_HZ, MIN_HZ
@@ -205,6 +207,18 @@ def _ps(argv: list[str]) -> int:
     return 0
 
 
+#: The subcommands, for the message about an unknown one.
+COMMANDS = ("run", "ps", "attach")
+
+
+def _has_display() -> bool:
+    """True where Qt can open a window: an X or Wayland display, a platform chosen by
+    hand (offscreen, vnc), or a system without X (macOS, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``torchmem`` command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -282,6 +296,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         opts.args = demo_args
     if opts.attach is not None and (opts.script or opts.demo):
         gui_parser().error("give either --attach PID or a script, not both")
+    if opts.script and not Path(opts.script).expanduser().exists():
+        # A typo or a command of a later version ("report"), never a window on a script
+        # that is not there (without a display, Qt would abort with a core dump).
+        known = (opts.script.isidentifier() or "-" in opts.script) and "." not in opts.script
+        print(
+            f"torchmem: no such {'script or command' if known else 'script'} "
+            f"'{opts.script}' (commands: {', '.join(COMMANDS)}; or a Python script to run "
+            "in the window)",
+            file=sys.stderr,
+        )
+        return 2
+    if not _has_display():
+        print(
+            "torchmem: no display to open the window on (DISPLAY and WAYLAND_DISPLAY are "
+            "unset). Headless: `torchmem run SCRIPT` (or `torchmem attach PID`); a virtual "
+            "screen: `xvfb-run -a torchmem ...` (what `make demo` does); or "
+            "QT_QPA_PLATFORM=offscreen for a window nobody sees.",
+            file=sys.stderr,
+        )
+        return 2
     # Imported by name so that `import torchmem` (and `torchmem run`) never loads Qt.
     app = importlib.import_module("torchmem.gui.app")
     return app.main(opts)

@@ -50,6 +50,9 @@ class AgentEntry:
     started: float = 0.0
     label: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The kernel's start time of the process in clock ticks since boot (Linux): what
+    #: tells a reused pid apart, where a wall-clock ``create_time`` moves with clock steps.
+    start_ticks: int | None = None
 
     def public(self) -> dict[str, Any]:
         """The entry without its token (for `torchmem ps --json` and the GUI)."""
@@ -153,11 +156,38 @@ def remove_entry(pid: int, directory: Path) -> None:
             (directory / name).unlink()
 
 
-def _alive(pid: int, create_time: float) -> bool:
+def process_start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (Linux; None elsewhere)."""
     try:
-        proc = psutil.Process(pid)
-        # A pid reused by another process has another start time.
-        return abs(proc.create_time() - create_time) < 1.0 and proc.status() != "zombie"
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()  # after the command name, field 3 on
+    try:
+        return int(fields[19])  # field 22: starttime
+    except (IndexError, ValueError):
+        return None
+
+
+def proven_dead(entry: AgentEntry) -> bool:
+    """True only when the entry's process is gone: no such pid, a zombie, or a pid reused
+    by a process started at another time. A process that cannot be read, or a clock step
+    since the entry was written, is not proof: deleting a live agent's socket once made
+    it unreachable for good (the fuzz test's FileNotFoundError)."""
+    try:
+        proc = psutil.Process(entry.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, OSError):
+        return False
+    if entry.start_ticks is not None:
+        ticks = process_start_ticks(entry.pid)
+        if ticks is not None:
+            return ticks != entry.start_ticks
+    try:
+        return abs(proc.create_time() - entry.create_time) >= 1.0
     except (psutil.Error, OSError):
         return False
 
@@ -187,7 +217,7 @@ def list_agents(directory: Path | None = None, clean: bool = True) -> list[Agent
         entry = read_entry(path)
         if entry is None:
             continue
-        if not _alive(entry.pid, entry.create_time):
+        if proven_dead(entry):
             if clean:
                 remove_entry(entry.pid, directory)
             continue

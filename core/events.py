@@ -79,6 +79,13 @@ class RunStatus(str, Enum):
     FAILED = "failed"
     STOPPED = "stopped"
     OOM = "out of memory"
+    #: Ended from outside while attached (kill -9, a crash, the OOM killer): nobody saw
+    #: its exit status, so ``exit_code`` is :data:`EXIT_UNKNOWN`.
+    KILLED = "killed or crashed"
+
+
+#: ``RunFinished.exit_code`` of a run whose exit status nobody saw (``RunStatus.KILLED``).
+EXIT_UNKNOWN = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,12 @@ import os
 import sys
 from typing import Any
 
-from . import __version__
 from .events import RunFinished, RunStatus
 from .parent_watch import ParentWatch
 from .runner import EXIT_STOPPED
 from .session import Session
 from .source import InProcessSource
-from .summary_file import int_peaks, write_summary
+from .summary import build_summary, write_summary
 from .units import format_bytes
 
 #: Exit code of ``torchmem run --fail-on-leak`` when a leak alert fired.
@@ -28,21 +27,20 @@ LEAK_KINDS = ("leak", "epoch_growth")
 def summary(session: Session, source: InProcessSource, result: RunFinished) -> dict[str, Any]:
     """The run's summary as written by ``--summary``."""
     started = session.run_started
-    return {
-        "torchmem_version": __version__,
-        "script": started.script if started else None,
-        "argv": list(started.argv) if started else [],
-        "status": result.status.value,
-        "message": result.message,
-        "exit_code": result.exit_code,
-        "duration_s": round(result.duration_s, 3),
-        "steps": source.steps_seen,
-        "samples": session.samples,
-        "peak_bytes": int_peaks(session.peak_bytes()),
-        "capacity_bytes": source.capacity(),
-        "alerts": [a.to_json() for a in session.alert_list()],
-        "traceback": result.traceback,
-    }
+    data = build_summary(
+        "run",
+        session,
+        script=started.script if started else None,
+        argv=list(started.argv) if started else [],
+        status=result.status.value,
+        message=result.message,
+        exit_code=result.exit_code,
+        duration_s=round(result.duration_s, 3),
+        capacity_bytes=source.capacity(),
+        traceback=result.traceback,
+    )
+    data["steps"] = source.steps_seen  # the runner's count, boundaries never skipped
+    return data
 
 
 def run_headless(

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from .attach import agents_for
 from .client import AttachError
@@ -26,7 +25,7 @@ from .rank_totals import RankTotals
 from .remote import RemoteSource
 from .resources import path as resource_path
 from .session import Session
-from .summary_file import int_peaks, write_summary
+from .summary import build_summary, rank_row, write_summary
 from .units import format_bytes
 
 
@@ -115,23 +114,14 @@ def run_command(
             proc.send_signal(signal.SIGINT)
     follower.stop()
     ranks = sorted(follower.remotes.values(), key=lambda r: (r.entry.rank or 0, r.pid))
-    data: dict[str, Any] = {
-        "command": command,
-        "exit_code": code,
-        "duration_s": round(time.monotonic() - started, 3),
-        "samples": session.samples,
-        "peak_bytes": int_peaks(session.peak_bytes()),
-        "ranks": [
-            {
-                "pid": r.pid,
-                "rank": r.entry.rank,
-                "world_size": r.entry.world_size,
-                "status": session_status(r),
-            }
-            for r in ranks
-        ],
-        "alerts": [a.to_json() for a in session.alert_list()],
-    }
+    data = build_summary(
+        "job",
+        session,
+        command=command,
+        exit_code=code,
+        duration_s=round(time.monotonic() - started, 3),
+        ranks=[rank_row(r) for r in ranks],
+    )
     if not quiet or code != 0:
         peaks = ", ".join(f"{k} {format_bytes(v)}" for k, v in data["peak_bytes"].items())
         sys.stderr.write(
@@ -142,10 +132,3 @@ def run_command(
     if summary_path and not write_summary(summary_path, data):
         return code or 1
     return code
-
-
-def session_status(remote: RemoteSource) -> str:
-    """How one rank ended, as far as the follower saw."""
-    if remote.run_finished_seen:
-        return "finished"
-    return "ended" if remote.end_reason not in ("", "closed") else "unknown"

@@ -21,6 +21,7 @@ from .backends import scope_label
 from .client import AgentClient, AttachError
 from .discovery import AgentEntry, boot_id
 from .events import (
+    EXIT_UNKNOWN,
     Alert,
     CensusTaken,
     CommandResult,
@@ -230,11 +231,16 @@ class RemoteSource:
             self.session.submit(Marker(now, MarkerKind.USER, f"{self.label} ended", 0))
         elif not self._run_finished:
             message = (
-                f"process {self.entry.pid} ended while attached (killed or crashed)"
+                f"process {self.entry.pid} ended while attached (killed or crashed; exit "
+                "status unknown)"
                 if gone
                 else f"lost the connection to process {self.entry.pid}: {reason}"
             )
-            self.session.submit(RunFinished(now, RunStatus.FAILED, -1, message))
+            started = self.session.run_started
+            duration = now - started.t if started is not None else 0.0
+            self.session.submit(
+                RunFinished(now, RunStatus.KILLED, EXIT_UNKNOWN, message, duration_s=duration)
+            )
         self.ended.set()
 
 

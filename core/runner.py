@@ -156,6 +156,29 @@ def _script_traceback(exc: BaseException, script: str) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def classify_exception(exc: BaseException) -> tuple[RunStatus, int, str]:
+    """How an exception that ended a script reads: out of memory (any backend), a
+    signal handler outside the main thread, a failed DataLoader worker, or a plain error.
+    The one classifier for runs in the window, ``torchmem run`` and served processes."""
+    name = type(exc).__name__
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if _is_oom(exc):
+        return (
+            RunStatus.OOM,
+            1,
+            (
+                f"out of memory ({name}: {first[:200]}). Try a smaller batch size, activation "
+                "checkpointing, or mixed precision; on CUDA, "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces fragmentation."
+            ),
+        )
+    if isinstance(exc, ValueError) and "signal only works in main thread" in str(exc):
+        return RunStatus.FAILED, 1, SIGNAL_HINT
+    if "DataLoader worker" in str(exc):
+        return RunStatus.FAILED, 1, f"{name}: {first}. {WORKERS_HINT}"
+    return RunStatus.FAILED, 1, f"raised {name}: {first}" if first else f"raised {name}"
+
+
 class ScriptRunner:
     """Runs one script in the calling thread and reports events to ``emit``."""
 
@@ -227,7 +250,7 @@ class ScriptRunner:
             message = f"stopped by the user at step {self.tracker.steps}"
         except BaseException as exc:
             tb_text = _script_traceback(exc, script_path)
-            status, code, message = self._classify(exc)
+            status, code, message = classify_exception(exc)
         finally:
             if self._fallback is not None:
                 self._fallback.cancel()
@@ -256,25 +279,6 @@ class ScriptRunner:
         if isinstance(exc.code, int):
             return exc.code, f"exited with sys.exit({exc.code})"
         return 1, f"exited: {exc.code}"
-
-    def _classify(self, exc: BaseException) -> tuple[RunStatus, int, str]:
-        name = type(exc).__name__
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        if _is_oom(exc):
-            return (
-                RunStatus.OOM,
-                1,
-                (
-                    f"out of memory ({name}: {first[:200]}). Try a smaller batch size, activation "
-                    "checkpointing, or mixed precision; on CUDA, "
-                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces fragmentation."
-                ),
-            )
-        if isinstance(exc, ValueError) and "signal only works in main thread" in str(exc):
-            return RunStatus.FAILED, 1, SIGNAL_HINT
-        if "DataLoader worker" in str(exc):
-            return RunStatus.FAILED, 1, f"{name}: {first}. {WORKERS_HINT}"
-        return RunStatus.FAILED, 1, f"raised {name}: {first}" if first else f"raised {name}"
 
     # -- stopping --------------------------------------------------------------------------
     def request_stop(self, grace_s: float = 2.0) -> None:

@@ -27,6 +27,7 @@ from .events import (
     RunFinished,
     RunStarted,
     Sample,
+    Stream,
 )
 from .timeseries import SeriesBuffer, StepClock
 
@@ -67,6 +68,10 @@ class Session:
     def now(self) -> float:
         """Seconds since the session (re)started: the time base of every event."""
         return time.monotonic() - self.t0
+
+    def note(self, text: str) -> None:
+        """Say something in the run's log as torchmem (not the script)."""
+        self.submit(LogRecord(self.now(), Stream.TORCHMEM, text))
 
     def align_clock(self, now: float) -> None:
         """Make :meth:`now` read ``now`` at this instant: an attached process's clock

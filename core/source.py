@@ -82,11 +82,12 @@ class InProcessSource:
         self.pace = StepPace()  # one step-time measurement for every per-step budget
         self.census_schedule = CensusSchedule(pace=self.pace)
         self.leaks = LeakDetector(session.submit, self.capacity(), LeakSettings())
-        session.subscribe(self.leaks.on_event)
+        session.subscribe(self._feed_leaks)
         self._boundary = _BoundaryClock(self.pace)
         self._census_wanted = threading.Event()
         self._census_done = threading.Event()
         self._census_reply: CensusTaken | None = None
+        self._abandoned = False
 
     @property
     def has_accelerator(self) -> bool:
@@ -118,8 +119,10 @@ class InProcessSource:
         finally:
             self.steps_seen = runner.steps
             self.sampler.stop()
-            self.sampler.sample()  # pending boundaries, then the state after the script
+            if not self._abandoned:
+                self.sampler.sample()  # pending boundaries, then the state after the script
             self._runner = None
+            self._abandoned = False  # this source can run again
             if _active is self:
                 _active = None
 
@@ -144,8 +147,35 @@ class InProcessSource:
             self._runner = None
         self.sampler.stop()
 
+    def _feed_leaks(self, event: Event) -> None:
+        # Only this process's own runs: the window's Session also carries isolated and
+        # attached runs, whose agents judge them (a second detector here raised a second
+        # alert for one leak, judged against this machine's RAM).
+        if self._runner is not None and not self._abandoned:
+            self.leaks.on_event(event)
+
+    @property
+    def abandoned(self) -> bool:
+        """True while an abandoned run still occupies this source (see :meth:`abandon`)."""
+        return self._abandoned
+
+    def abandon(self) -> None:
+        """Let go of a run that cannot be stopped (its thread is blocked in a C call).
+
+        Python cannot interrupt a thread inside a C call, so the script's thread lives on
+        until the call returns; from now on its events are dropped and sampling stops, so
+        that whatever the Session shows next is not mixed with it. :attr:`running` stays
+        True until that thread ends.
+        """
+        if self._runner is None:
+            return
+        self._abandoned = True
+        self.sampler.stop()
+
     def emit(self, event: Event) -> None:
         """The runner's events go to the Session; step boundaries may take a census."""
+        if self._abandoned:
+            return
         self.session.submit(event)
         if isinstance(event, Marker) and event.kind is MarkerKind.STEP:
             self.pace.on_step(event.t)

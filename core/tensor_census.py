@@ -645,7 +645,9 @@ def script_namespaces(
     out: list[Namespace] = []
     seen: set[int] = set()
     while frame is not None:
-        if _own_frame(frame):
+        # runpy's frames hold the script's globals as run_globals: the script's own names
+        # already say it ("big", not "_run_code: run_globals['big']").
+        if _own_frame(frame) or frame.f_globals.get("__name__") == "runpy":
             frame = frame.f_back
             continue
         filename = frame.f_code.co_filename

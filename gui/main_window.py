@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from torchmem.events import (
 )
 from torchmem.isolated import IsolatedSource
 from torchmem.resources import path as resource_path
-from torchmem.runner import ScriptError, validate_script
+from torchmem.runner import EXIT_STOPPED, ScriptError, validate_script
 from torchmem.sampler import MAX_HZ, MIN_HZ
 from torchmem.session import Session
 from torchmem.source import InProcessSource
@@ -53,6 +54,7 @@ from .gui_gc import GuiThreadCollector
 from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
 from .readings import ReadingsTable
+from .status_bar import ElidingStatusBar
 from .tensor_panel import TensorPanel
 from .theme import THEMES, apply_theme
 from .trace_plot import TracePlot
@@ -60,9 +62,11 @@ from .workers import AttachWorker, CommandWorker, ScriptWorker, start_in_thread,
 
 WINDOWS = (("30 s", 30.0), ("2 min", 120.0), ("10 min", 600.0), ("1 h", 3600.0), ("All", None))
 UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
+#: After a stop request, how long before the window says the script seems blocked.
+STUCK_AFTER_MS = 5000
 # Bumped whenever docks are added or moved: a dock layout saved by an older version would
 # put new docks in odd places, so it is not restored.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 COMMAND_LABELS = {
     "gc_collect": "gc.collect()",
     "empty_cache": "empty_cache()",
@@ -72,6 +76,15 @@ COMMAND_LABELS = {
     "history_stop": "Stop recording CUDA allocation history",
     "snapshot": "Memory snapshot",
 }
+
+
+def _duration(seconds: float) -> str:
+    """``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
 
 
 class MainWindow(QMainWindow):
@@ -104,6 +117,14 @@ class MainWindow(QMainWindow):
         self._stopping = False
         self._rerun_pending = False
         self._inject_pid: int | None = None
+        #: An in-process run let go of while blocked in a C call: (thread, worker) kept
+        #: alive until the call returns (a running QThread must never be destroyed).
+        self._abandoned: tuple[QThread, ScriptWorker] | None = None
+        self._stop_requested_at: float | None = None
+        self._stuck_timer = QTimer(self)
+        self._stuck_timer.setSingleShot(True)
+        self._stuck_timer.setInterval(STUCK_AFTER_MS)
+        self._stuck_timer.timeout.connect(self._check_stuck)
 
         self.setWindowTitle("torchmem")
         self.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
@@ -216,6 +237,14 @@ class MainWindow(QMainWindow):
             "&Stop", self.stop, "Shift+F5", "Stop the script at its next step (forced after 2 s)"
         )
         self.act_rerun = a("R&e-run", self.rerun, "Ctrl+R", "Stop if running, then run again")
+        self.act_abandon = a(
+            "A&bandon the run",
+            self.abandon_run,
+            None,
+            "Let go of a script that does not stop because it is blocked in a C call: the "
+            "window is free again, the script's thread ends when the call returns, and "
+            "the next run goes to a separate process",
+        )
         self.act_quit = a("&Quit", self.close, "Ctrl+Q", "Stop the script and quit")
         self.act_isolated = a(
             "Run in a separate &process",
@@ -372,7 +401,7 @@ class MainWindow(QMainWindow):
         m.addSeparator()
         m.addAction(self.act_quit)
         m = mb.addMenu("&Run")
-        for act in (self.act_run, self.act_stop, self.act_rerun):
+        for act in (self.act_run, self.act_stop, self.act_rerun, self.act_abandon):
             m.addAction(act)
         m.addAction(self.act_isolated)
         m.addSeparator()
@@ -410,7 +439,8 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_about)
 
     def _build_status_bar(self) -> None:
-        sb = self.statusBar()
+        sb = ElidingStatusBar(self)
+        self.setStatusBar(sb)
         self.run_label = QLabel("No script")
         self.run_label.setToolTip("State of the script run")
         self.samples_label = QLabel("")
@@ -421,6 +451,14 @@ class MainWindow(QMainWindow):
         self.rate_spin.setValue(int(round(self.source.sampler.hz)))
         self.rate_spin.setToolTip("Sampling rate (1-100 Hz). Counters only: no device sync.")
         self.rate_spin.valueChanged.connect(self._set_rate)
+        self.mode_label = QLabel("⧉ separate process")
+        self.mode_label.setToolTip(
+            "Scripts run in a separate process (Run > Run in a separate process, remembered "
+            "between launches). Uncheck it to run them in a background thread of this window."
+        )
+        self.mode_label.setVisible(False)
+        self.act_isolated.toggled.connect(self.mode_label.setVisible)
+        sb.addPermanentWidget(self.mode_label)
         sb.addPermanentWidget(self.run_label)
         sb.addPermanentWidget(self.samples_label)
         sb.addPermanentWidget(self.rate_spin)
@@ -443,7 +481,7 @@ class MainWindow(QMainWindow):
             self.restoreState(state)
         else:  # first start: most of the room for the traces
             self.resizeDocks([self.readings_dock], [330], Qt.Horizontal)
-            self.resizeDocks([self.log_dock], [240], Qt.Vertical)
+            self.resizeDocks([self.log_dock], [330], Qt.Vertical)
             # The breakdown needs height to read; the readings table a few rows.
             self.resizeDocks([self.breakdown_dock, self.readings_dock], [330, 260], Qt.Vertical)
         if s.value("view/x_mode", "time") == "steps":
@@ -528,20 +566,52 @@ class MainWindow(QMainWindow):
         run: bool = False,
         cwd: str | None = None,
     ) -> bool:
-        """Make ``script`` the current script (checked first); optionally run it."""
+        """Make ``script`` the current script (checked first); optionally run it.
+
+        While another run is in progress it asks first: stop (or detach from) that run and
+        run this script once it has ended, or keep it and open nothing. The title always
+        names what the traces show.
+        """
         try:
             validate_script(script)
         except ScriptError as exc:
             self.show_error(str(exc))
             return False
+        switching = self.running
+        if switching:
+            current = (
+                self.attached.label if self.attached is not None else Path(self.script or "").name
+            )
+            what = "Detach from" if self.attached is not None else "Stop"
+            if (
+                QMessageBox.question(
+                    self,
+                    "A run is in progress",
+                    f"{what} {current} and run {Path(script).name} once it has ended?",
+                )
+                != QMessageBox.Yes
+            ):
+                self.statusBar().showMessage(
+                    f"Kept {current} running; {Path(script).name} was not opened", 10000
+                )
+                return False
         self.script = str(Path(script).resolve())
         if args is not None:
             self.script_args = list(args)
             self.args_edit.setText(shlex.join(self.script_args))
         if cwd is not None:
             self.cwd = cwd
-        self.setWindowTitle(f"{Path(self.script).name} – torchmem")
         self._remember(self.script)
+        if switching:
+            self.session.note(f"{Path(self.script).name} runs once the current run has ended")
+            if self.attached is not None:
+                self.detach()
+            else:
+                self.stop(confirm=False)
+            self._rerun_pending = True
+            self._update_actions()
+            return True
+        self.setWindowTitle(f"{Path(self.script).name} – torchmem")
         self._update_actions()
         if run:
             return self.run()
@@ -576,9 +646,17 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         self._runs += 1
         self._clear_views()
-        self.target = self.isolated if self.act_isolated.isChecked() else self.source
+        self.setWindowTitle(f"{Path(self.script).name} – torchmem")
+        isolated = self.act_isolated.isChecked() or self.source.abandoned
+        self.target = self.isolated if isolated else self.source
+        if self.source.abandoned and not self.act_isolated.isChecked():
+            self.session.note(
+                "this process still runs the abandoned script (blocked in a C call): "
+                "this run goes to a separate process"
+            )
         self.tensors.referrers = getattr(self.target, "referrers", None)
         worker = ScriptWorker(self.target, self.script, self.script_args, self.cwd)
+        worker.errored.connect(self._on_worker_errored)
         self._script_worker = worker
         worker.finished.connect(self._on_worker_finished)
         self._script_thread = start_in_thread(
@@ -614,17 +692,96 @@ class MainWindow(QMainWindow):
                     return
             self.target.request_stop(grace_s=2.0)
             self._stopping = True
+            self._stop_requested_at = time.monotonic()
+            self._stuck_timer.start()
             self.run_label.setText("Stopping…")
-            self.act_stop.setEnabled(False)
+            self._update_actions()
 
     @Slot()
     def rerun(self) -> None:
         """Stop the current run if any, then run again with the current arguments."""
         if self.running:
-            self.stop()
-            self._rerun_pending = True
+            if not self._stopping:
+                self.stop()
+            if self._stopping:  # a "No" to stopping an attached run re-runs nothing
+                self._rerun_pending = True
+                self.statusBar().showMessage("Re-run starts once the script has stopped", 10000)
         else:
             self.run()
+
+    @property
+    def stuck(self) -> bool:
+        """True when a stop was asked for long ago and the script still runs (blocked in a
+        C call: ``time.sleep``, ``input()``, I/O, a C extension)."""
+        return (
+            self.running
+            and self._stop_requested_at is not None
+            and time.monotonic() - self._stop_requested_at >= STUCK_AFTER_MS / 1000
+        )
+
+    @Slot()
+    def _check_stuck(self) -> None:
+        if not self.stuck:
+            return
+        name = Path(self.script or "the script").name
+        if self.target is self.source:
+            self.banner.show_message(
+                f"{name} does not stop: it is blocked in a C call (a long time.sleep, input(), "
+                "I/O or a C extension), where Python cannot interrupt it. It stops when that "
+                "call returns. Abandon the run to free the window now; Run > Run in a "
+                "separate process runs scripts that can always be stopped.",
+                "warning",
+                (
+                    "Abandon the run",
+                    self.abandon_run,
+                    "The script's thread ends when its call returns; the next run goes "
+                    "to a separate process",
+                ),
+            )
+        elif self.attached is not None:
+            self.banner.show_message(
+                f"{self.attached.label} has not stopped yet: it stops at its next step, "
+                "backward, mark or module call. Detach (Ctrl+Shift+D) to leave it running.",
+                "info",
+            )
+        self._update_actions()
+
+    @Slot()
+    def abandon_run(self) -> None:
+        """Let go of an in-process run that does not stop (see :meth:`stuck`)."""
+        worker, thread = self._script_worker, self._script_thread
+        if not isinstance(worker, ScriptWorker) or thread is None or self.target is not self.source:
+            return
+        steps = self.session.steps.steps
+        started = self.session.run_started.t if self.session.run_started else 0.0
+        self.source.abandon()
+        worker.finished.disconnect(self._on_worker_finished)
+        worker.finished.connect(self._on_abandoned_finished)
+        self._abandoned = (thread, worker)
+        self._script_thread = self._script_worker = None
+        self._stopping = False
+        self._rerun_pending = False
+        self._stuck_timer.stop()
+        self.session.submit(
+            RunFinished(
+                self.session.now(),
+                RunStatus.STOPPED,
+                EXIT_STOPPED,
+                f"abandoned at step {steps:,}: blocked in a C call, its thread ends when the "
+                "call returns; the next run goes to a separate process",
+                duration_s=self.session.now() - started,
+            )
+        )
+        self.bridge.flush()
+        self._update_actions()
+
+    @Slot(object)
+    def _on_abandoned_finished(self, _result: object) -> None:
+        if self._abandoned is not None:
+            wait_thread(self._abandoned[0], 5000)
+            self._abandoned = None
+        self.statusBar().showMessage("The abandoned script has ended at last", 10000)
+        self._update_actions()
 
     # -- attaching ------------------------------------------------------------------------
     def open_attach_dialog(self) -> None:
@@ -668,6 +825,7 @@ class MainWindow(QMainWindow):
         self._script_worker = worker
         worker.attached.connect(self._on_attached)
         worker.failed.connect(self._on_attach_failed)
+        worker.errored.connect(self._on_worker_errored)
         worker.finished.connect(self._on_worker_finished)
         self._script_thread = start_in_thread(
             worker, "torchmem-attach", worker.run, worker.finished
@@ -693,6 +851,14 @@ class MainWindow(QMainWindow):
                 "info",
             )
         self._update_actions()
+
+    @Slot(str)
+    def _on_worker_errored(self, message: str) -> None:
+        self.run_label.setText("Stopped following: an error of torchmem's")
+        self.show_error(
+            f"torchmem stopped following this run after an error of its own ({message}). "
+            "The traces so far are kept; please report it with the Log's text."
+        )
 
     @Slot(str)
     def _on_attach_failed(self, message: str) -> None:
@@ -734,6 +900,8 @@ class MainWindow(QMainWindow):
                 self.run_label.setText(f"Detached from {self.attached.label}")
             self.attached = None
         self.target = self.source
+        self._stuck_timer.stop()
+        self._stop_requested_at = None
         if self._inject_pid is not None:
             pid, self._inject_pid = self._inject_pid, None
             QTimer.singleShot(0, lambda: self.attach(pid, inject=True))
@@ -773,22 +941,29 @@ class MainWindow(QMainWindow):
         if self.running and self.session.run_finished is None:
             steps = self.session.steps.steps
             what = f"Attached to {self.attached.label}" if self.attached else "Running"
-            self.run_label.setText(
-                f"● {what} · step {steps:,} · {self.session.now():.1f} s"
-                if not self._stopping
-                else "Stopping…"
-            )
+            if not self._stopping:
+                self.run_label.setText(f"● {what} · step {steps:,} · {self.session.now():.1f} s")
+            elif self._stop_requested_at is not None:
+                waited = time.monotonic() - self._stop_requested_at
+                self.run_label.setText(
+                    f"Stopping… {waited:.0f} s" + (" (blocked in a C call?)" if self.stuck else "")
+                )
 
     @Slot(list)
     def _on_events(self, events: list) -> None:
-        logs = [e for e in events if isinstance(e, LogRecord)]
-        self.log.append_records(logs)
+        # In order: the "running …" line comes before the script's first output.
+        logs: list[LogRecord] = []
         for event in events:
+            if isinstance(event, LogRecord):
+                logs.append(event)
+                continue
+            if logs:
+                self.log.append_records(logs)
+                logs = []
             if isinstance(event, RunStarted):
-                args = " ".join(event.argv)
-                self.log.append_records(
-                    [LogRecord(event.t, Stream.TORCHMEM, f"running {event.script} {args}".rstrip())]
-                )
+                where = " (in a separate process)" if self.target is self.isolated else ""
+                text = f"running{where} {shlex.join([event.script, *event.argv])}"
+                self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, text)])
                 self.run_label.setText("● Running")
                 self.act_history.setChecked(False)  # a new process records nothing yet
             elif isinstance(event, RunFinished):
@@ -800,6 +975,8 @@ class MainWindow(QMainWindow):
                 self.breakdown.refresh()
             elif isinstance(event, CommandResult):
                 self._on_command_result(event)
+        if logs:
+            self.log.append_records(logs)
 
     def _on_command_result(self, event: CommandResult) -> None:
         self.statusBar().showMessage(event.message, 15000)
@@ -819,17 +996,24 @@ class MainWindow(QMainWindow):
     def _show_finished(self, event: RunFinished) -> None:
         self.last_result = event
         steps = self.session.steps.steps
+        code = (
+            "exit status unknown"
+            if event.status is RunStatus.KILLED
+            else f"exit code {event.exit_code}"
+        )
         text = (
-            f"{event.status.value.capitalize()} (exit code {event.exit_code}) after "
-            f"{event.duration_s:.1f} s, {steps:,} steps"
+            f"{event.status.value.capitalize()} ({code}) after "
+            f"{_duration(event.duration_s)}, {steps:,} steps"
         )
         self.run_label.setText(text)
+        self.run_label.setToolTip(f"{text}: {event.message}")
         lines = [f"{text}: {event.message}"]
         if event.traceback:
             lines.insert(0, event.traceback.rstrip())
         self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, "\n".join(lines))])
-        self.statusBar().showMessage(f"{text}: {event.message}", 30000)
-        if event.status in (RunStatus.FAILED, RunStatus.OOM):
+        # The label on the right says how it ended; the message says why (never twice).
+        self.statusBar().showMessage(event.message, 30000)
+        if event.status in (RunStatus.FAILED, RunStatus.OOM, RunStatus.KILLED):
             started = self.session.run_started
             name = Path(started.script).name if started else Path(self.script or "").name
             self.banner.show_message(f"{name}: {event.message}", "error")
@@ -843,6 +1027,20 @@ class MainWindow(QMainWindow):
         Commands run one after another in that thread, in the order they were pressed;
         each result arrives through the Session like any other event.
         """
+        if name == "census" and not self.running:
+            # After the run its tensors are gone: a census now would replace the run's
+            # last one with an empty one (and flatten the breakdown back to step 0).
+            last = self.session.censuses()[0]
+            self.statusBar().showMessage(
+                "No script is running: "
+                + (
+                    f"the run's last census (step {last.step:,}) stays shown"
+                    if last is not None
+                    else "a census lists the tensors of a running script"
+                ),
+                10000,
+            )
+            return
         self.statusBar().showMessage(f"{COMMAND_LABELS.get(name, name)}…")
         if name == "gc_collect" and self.target is self.source:
             # A collection in this process must run in the GUI thread (see gui_gc); it
@@ -855,7 +1053,8 @@ class MainWindow(QMainWindow):
     def _update_actions(self) -> None:
         running = self.running
         self.act_run.setEnabled(not running and self.script is not None)
-        self.act_stop.setEnabled(running)
+        self.act_stop.setEnabled(running and not self._stopping)
+        self.act_abandon.setEnabled(self.stuck and self.target is self.source)
         self.act_rerun.setEnabled(self.script is not None and self.attached is None)
         self.act_attach.setEnabled(not running)
         self.act_detach.setEnabled(self.attached is not None)
@@ -899,10 +1098,11 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def show_culprits(self, words: str) -> None:
-        """Open the Tensors panel filtered to an alert's culprits (census first if none)."""
+        """Open the Tensors panel filtered to an alert's culprits (a new census while the
+        script runs; the run's last one after it ended)."""
         self.tensors.filter_edit.setText(words)
         self.tensors_dock.raise_()
-        if self.tensors.model.census is None:
+        if self.running:  # the culprits as they are now, not an old census's
             self.run_command("census")
 
     @Slot(str)
@@ -981,16 +1181,23 @@ class MainWindow(QMainWindow):
 
     # -- closing --------------------------------------------------------------------------
     def shutdown(self, timeout_ms: int = 6000) -> bool:
-        """Stop the script and every thread; True when all ended within ``timeout_ms``."""
-        clean = True
+        """Stop the script and every thread; True when all ended within ``timeout_ms``.
+
+        A script already known to be blocked in a C call (or abandoned) is not waited for:
+        the process exits at once (``force_exit_needed``).
+        """
+        clean = self._abandoned is None
+        if self.stuck:
+            timeout_ms = 0
         if self._script_thread is not None:
             if self.attached is not None:
                 self.attached.detach()  # never stop a process we only watch
             else:
                 self.target.request_stop(grace_s=1.0)
             thread = self._script_thread
-            clean = wait_thread(thread, timeout_ms)
-            if clean:
+            ended = wait_thread(thread, timeout_ms)
+            clean = clean and ended
+            if ended:
                 self._script_thread = None
         self._command_thread.quit()
         wait_thread(self._command_thread, 5000)
@@ -1008,7 +1215,6 @@ class MainWindow(QMainWindow):
         self.save_settings()
         if not self.shutdown():
             sys.stderr.write(
-                "torchmem: the script did not stop within 6 s (blocked in a C call?); "
-                "exiting anyway.\n"
+                "torchmem: the script did not stop (blocked in a C call?); exiting anyway.\n"
             )
         event.accept()

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
+    QToolButton,
     QTreeView,
     QVBoxLayout,
     QWidget,
@@ -29,6 +30,7 @@ from torchmem.units import format_bytes
 
 from .tensor_model import TensorFilterProxy, TensorModel
 
+NO_CENSUS = "No census yet: press Refresh while a script runs."
 GAP_LABEL = "not held by a Python tensor (allocator rounding, autograd buffers, C++ caches)"
 
 
@@ -69,11 +71,26 @@ class TensorPanel(QWidget):
         top.addWidget(self.auto_check)
         top.addWidget(self.filter_edit, 1)
 
-        self.totals = QLabel("No census yet: press Refresh while a script runs.")
+        # One line of totals above the table, the full breakdown on demand: the table
+        # needs the height (at the default size the header once left it 3.5 rows).
+        self.headline = QLabel(NO_CENSUS)
+        self.headline.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.details_button = QToolButton()
+        self.details_button.setText("Details")
+        self.details_button.setCheckable(True)
+        self.details_button.setToolTip(
+            "Show the totals per device and kind, and what changed since the last census"
+        )
+        self.details_button.toggled.connect(self._show_details)
+        head = QHBoxLayout()
+        head.addWidget(self.headline, 1)
+        head.addWidget(self.details_button)
+        self.totals = QLabel("")
         self.totals.setWordWrap(True)
         self.totals.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.changes = QLabel("")
         self.changes.setWordWrap(True)
+        self._show_details(False)
 
         self.view = QTreeView()
         self.view.setModel(self.proxy)
@@ -89,6 +106,7 @@ class TensorPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(top)
+        layout.addLayout(head)
         layout.addWidget(self.totals)
         layout.addWidget(self.changes)
         layout.addWidget(self.view, 1)
@@ -97,8 +115,15 @@ class TensorPanel(QWidget):
         """Forget the shown census (a new run)."""
         self._shown = None
         self.model.set_census(None)
-        self.totals.setText("No census yet: press Refresh while a script runs.")
+        self.headline.setText(NO_CENSUS)
+        self.headline.setToolTip("")
+        self.totals.setText("")
         self.changes.setText("")
+
+    @Slot(bool)
+    def _show_details(self, shown: bool) -> None:
+        self.totals.setVisible(shown)
+        self.changes.setVisible(shown)
 
     @Slot()
     def refresh(self) -> None:
@@ -113,6 +138,8 @@ class TensorPanel(QWidget):
         self.model.set_census(census, new_keys)
         self.totals.setText(self._totals_text(census))
         when = f"step {latest.step:,}" if latest.step else f"{latest.t:.1f} s"
+        self.headline.setText(self._headline(census, when, diff if previous else None))
+        self.headline.setToolTip(self.totals.text())
         text = (
             f"Census at {when} ({'automatic' if latest.trigger == 'step' else 'refresh'}, "
             f"took {census.duration_s * 1000:.0f} ms)"
@@ -131,7 +158,24 @@ class TensorPanel(QWidget):
             text += f" · {len(census.skipped)} skipped: " + "; ".join(reasons[:3])
         self.changes.setText(text)
 
+    @staticmethod
+    def _headline(census, when: str, diff) -> str:
+        """One line: bytes and tensors per device, named share, when, what changed."""
+        count = sum(len(s.tensors) for s in census.storages.values())
+        if not count:
+            return f"Census at {when}: no live tensors found"
+        parts = []
+        for device in census.devices():
+            n = sum(len(s.tensors) for s in census.storages.values() if s.device == device)
+            parts.append(f"<b>{device}</b> {format_bytes(census.total_bytes(device))} in {n:,}")
+        text = " · ".join(parts) + f" · {100 * census.named_share():.0f}% named · at {when}"
+        if diff is not None and (diff.new or diff.freed):
+            text += f" · +{len(diff.new):,} / −{len(diff.freed):,} storages"
+        return text
+
     def _totals_text(self, census) -> str:
+        if not any(s.tensors for s in census.storages.values()):
+            return "The census found no live tensors."
         latest = self.session.latest()
         lines = []
         for device in census.devices() or ["cpu"]:

@@ -121,6 +121,8 @@ class TracePlot(pg.GraphicsLayoutWidget):
             plot.setDownsampling(auto=True, mode="peak")
             plot.setLabel("left", "memory", units=None)
             plot.getAxis("left").setWidth(70)
+            # Units are ours (MiB, GiB): pyqtgraph's SI scaling would add "(x0.001)".
+            plot.getAxis("left").enableAutoSIPrefix(False)
             plot.vb.sigRangeChangedManually.connect(self._user_moved)
             self.plots[group] = plot
         self.plots["accelerator"].setVisible(False)
@@ -132,6 +134,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         left.setWidth(70)
         left.setStyle(showValues=False, tickLength=0)
         left.setLabel("steps")
+        self.steps_plot.getAxis("bottom").enableAutoSIPrefix(False)
         left.setToolTip(
             "A tick per training step (optimizer step, or backward when the "
             "script updates parameters by hand)"
@@ -170,7 +173,11 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 axis.setTextPen(pg.mkPen(text))
             plot.titleLabel.setText(plot.titleLabel.text, color=text.name())
         self.readout.setText(self.readout.text, color=text.name())
+        # setLabelTextColor only records the colour: each label is re-rendered by setText.
         self.legend.setLabelTextColor(text)
+        for _, label in self.legend.items:
+            label.setText(label.text, color=text.name())
+        self.steps_label.setColor(text)
 
     def _update_x_label(self) -> None:
         label = "time (s)" if self.x_mode == "time" else "step"
@@ -186,6 +193,8 @@ class TracePlot(pg.GraphicsLayoutWidget):
             raise ValueError(mode)
         self.x_mode = mode
         self._update_x_label()
+        for line in self._crosshairs:  # its x was in the other unit
+            line.setVisible(False)
         for marker, _ in self._marker_lines:
             self._place_marker(marker)
         self.refresh(force=True)

@@ -18,9 +18,15 @@ from torchmem.client import AttachError
 
 
 class ScriptWorker(QObject):
-    """Runs one script through a source (in this process or a child), in its own QThread."""
+    """Runs one script through a source (in this process or a child), in its own QThread.
 
-    finished = Signal(object)  # RunFinished
+    Like every worker here it always ends with ``finished``, and reports what went wrong
+    in torchmem itself (never the script's errors, which are the run's result) through
+    ``errored`` (superqt's WorkerBase has the same shape).
+    """
+
+    finished = Signal(object)  # RunFinished, or None after an error of torchmem's
+    errored = Signal(str)
 
     def __init__(self, source: Any, script: str, args: list[str], cwd: str | None) -> None:
         super().__init__()
@@ -32,8 +38,13 @@ class ScriptWorker(QObject):
     @Slot()
     def run(self) -> None:
         """Run the script to its end (the runner never raises for the script's errors)."""
-        result = self.source.run_script(self.script, self.args, self.cwd)
-        self.finished.emit(result)
+        result = None
+        try:
+            result = self.source.run_script(self.script, self.args, self.cwd)
+        except Exception as exc:  # a bug of torchmem's: say it, never hang on "running"
+            self.errored.emit(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.finished.emit(result)
 
 
 class AttachWorker(QObject):
@@ -41,6 +52,7 @@ class AttachWorker(QObject):
 
     attached = Signal(str)  # what is attached, for the status line
     failed = Signal(str)  # why attaching failed (says what to do)
+    errored = Signal(str)  # an error while following (a process that vanished oddly)
     finished = Signal(object)  # always last
 
     def __init__(self, run: AttachedRun) -> None:
@@ -52,13 +64,15 @@ class AttachWorker(QObject):
         """Connect, then block (in this thread) until the attached processes end."""
         try:
             self.run_.connect()
+            self.attached.emit(self.run_.label)
+            self.run_.follow()
         except AttachError as exc:
             self.failed.emit(str(exc))
+        except Exception as exc:
+            self.errored.emit(f"{type(exc).__name__}: {exc}")
+            self.run_.close()
+        finally:
             self.finished.emit(None)
-            return
-        self.attached.emit(self.run_.label)
-        self.run_.follow()
-        self.finished.emit(None)
 
 
 class CommandWorker(QObject):

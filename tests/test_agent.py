@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import SCRIPTS
+from helpers import check_summary
 
 from torchmem.client import AttachError
 from torchmem.discovery import find_agent, list_agents
@@ -176,12 +177,16 @@ def test_kill_9_while_attached_is_an_exit_and_the_stale_entry_goes(served, runti
     try:
         remote.connect()
         wait_until(lambda: session.samples > 3)
+        time.sleep(1.0)  # a run that lasted a while: its duration must not read 0.0 s
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         assert remote.ended.wait(10), "the viewer notices the dead process"
-        assert session.run_finished is not None
-        assert session.run_finished.status is RunStatus.FAILED
-        assert f"process {proc.pid} ended while attached" in session.run_finished.message
+        result = session.run_finished
+        assert result is not None
+        assert result.status is RunStatus.KILLED, "killed or crashed, exit status unknown"
+        assert f"process {proc.pid} ended while attached" in result.message
+        assert "exit status unknown" in result.message
+        assert result.duration_s >= 1.0, result
     finally:
         remote.close()
     assert (runtime_dir / f"agent-{proc.pid}.json").exists(), "kill -9 leaves the entry behind"
@@ -253,10 +258,13 @@ def test_cli_ps_and_attach_summary(served, tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    data = json.loads(out.read_text())
+    data = check_summary(json.loads(out.read_text()))
     assert data["pid"] == proc.pid and data["injected"] is False
     assert data["samples"] >= 10 and data["peak_bytes"]["cpu_rss"] > 50 << 20
-    assert data["ranks"] == [{"pid": proc.pid, "rank": None, "world_size": None, "ended": False}]
+    assert data["ranks"] == [
+        {"pid": proc.pid, "rank": None, "world_size": None, "status": "running", "ended": False}
+    ]
+    assert data["kind"] == "attach" and data["duration_s"] >= 1.5
 
 
 def test_cli_attach_to_a_process_without_agent_watches_it_from_outside(tmp_path, runtime_dir):
@@ -271,7 +279,7 @@ def test_cli_attach_to_a_process_without_agent_watches_it_from_outside(tmp_path,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert "from outside" in result.stderr
-        data = json.loads(out.read_text())
+        data = check_summary(json.loads(out.read_text()))
         assert data["attached"] == "process" and data["ranks"] == []
         assert data["samples"] >= 5 and data["peak_bytes"]["cpu_rss"] > 80 << 20
         ps = subprocess.run(
@@ -376,3 +384,27 @@ def test_cli_attach_snapshot_without_cuda_or_agent_says_why(served, tmp_path):
         plain.communicate()
     assert result.returncode == 1
     assert f"--snapshot needs an agent in process {plain.pid}" in result.stderr
+
+
+def test_listing_never_deletes_a_live_agent_after_a_clock_step(runtime_dir):
+    """Only an entry whose process is proven gone is removed, with its socket."""
+    from dataclasses import replace
+
+    from torchmem.discovery import AgentEntry, process_start_ticks, write_entry
+
+    me = os.getpid()
+    live = AgentEntry(
+        pid=me, create_time=time.time() - 10_000,  # the wall clock stepped since it was written
+        argv=["train.py"], cwd="/", python="3", torch="2", torchmem="0", protocol=1,
+        address=str(runtime_dir / f"agent-{me}.sock"), token="0" * 64, hz=10.0,
+        start_ticks=process_start_ticks(me),
+    )  # fmt: skip
+    write_entry(live, runtime_dir)
+    (runtime_dir / f"agent-{me}.sock").touch()
+    for _ in range(200):  # a viewer listing in a tight loop
+        assert [e.pid for e in list_agents()] == [me]
+    assert (runtime_dir / f"agent-{me}.sock").exists(), "a live agent's socket stays"
+    reused = replace(live, start_ticks=live.start_ticks + 12345)  # pid reused by another
+    write_entry(reused, runtime_dir)
+    assert list_agents() == []
+    assert not (runtime_dir / f"agent-{me}.sock").exists(), "a proven-dead entry goes"

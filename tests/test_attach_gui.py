@@ -178,3 +178,42 @@ def test_inject_turns_an_outside_watch_into_a_full_attach(qtbot, make_window, ru
     finally:
         proc.kill()
         proc.communicate()
+
+
+def test_a_leak_in_an_isolated_run_is_one_alert_from_its_agent(qtbot, make_window, runtime_dir):
+    from conftest import ROOT
+
+    window = make_window()
+    window.act_isolated.setChecked(True)
+    window.load_script(str(ROOT / "tests" / "leak_corpus" / "leak_features_list.py"), [], run=True)
+    result = finish(qtbot, window)
+    assert result.exit_code == 0, log_text(window)
+    leaks = [a for a in window.session.alert_list() if a.kind == "leak"]
+    assert len({a.key for a in leaks}) == 1, [a.key for a in leaks]
+    alert = leaks[0]
+    assert "features" in alert.message, "the agent's culprits name the list"
+    assert not window.source.leaks._trends, "the window's own detector heard nothing"
+
+
+def test_an_error_while_following_ends_the_attach_and_says_so(
+    qtbot, make_window, runtime_dir, monkeypatch
+):
+    """Every worker ends with finished: a watch whose process vanishes oddly never leaves
+    the window stuck on "attached"."""
+    from torchmem.attach import AttachedRun
+
+    def vanished(self, *args, **kwargs):
+        raise RuntimeError("the process table changed under us")
+
+    monkeypatch.setattr(AttachedRun, "follow", vanished)
+    proc = start(["-c", "import time, torch; time.sleep(60)"])
+    try:
+        window = make_window()
+        window.attach(proc.pid)
+        qtbot.waitUntil(lambda: not window.running, timeout=30_000)
+        assert "error of its own" in window.banner.text()
+        assert "the process table changed" in window.banner.text()
+        assert window.act_attach.isEnabled() and window.attached is None
+    finally:
+        proc.kill()
+        proc.communicate()

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from conftest import ROOT, SCRIPTS
+from helpers import check_summary
 
 from torchmem.cli import gui_parser, main
 from torchmem.resources import demo_script
@@ -35,7 +36,7 @@ def test_run_demo_writes_a_summary(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "demo: finished 12 steps" in proc.stdout, "the script's output is echoed"
-    data = json.loads(out.read_text())
+    data = check_summary(json.loads(out.read_text()))
     assert data["exit_code"] == 0 and data["status"] == "finished"
     assert data["steps"] == 12
     assert data["samples"] >= 2
@@ -54,7 +55,7 @@ def test_run_exits_with_the_scripts_code_and_summarises_failures(tmp_path):
     proc = torchmem("run", "--summary", str(out), str(SCRIPTS / "raises_at_import.py"))
     assert proc.returncode == 1
     assert "RuntimeError: boom at import" in proc.stderr
-    data = json.loads(out.read_text())
+    data = check_summary(json.loads(out.read_text()))
     assert data["status"] == "failed" and "boom at import" in data["traceback"]
 
 
@@ -117,3 +118,44 @@ def test_demo_arguments_go_to_the_demo(monkeypatch):
     monkeypatch.setattr("importlib.import_module", lambda name: FakeApp)
     assert main(["--demo", "--leak", "--steps", "5"]) == 0
     assert seen["demo"] and seen["args"] == ["--leak", "--steps", "5"]
+
+
+def test_ps_never_lists_a_viewer_but_lists_a_served_run():
+    from torchmem.attach import _is_viewer
+
+    assert _is_viewer(["/usr/bin/python3", "-m", "torchmem", "--demo"])
+    assert _is_viewer(["/x/.venv/bin/python", "/x/.venv/bin/torchmem", "train.py"])
+    assert _is_viewer(["/x/.venv/bin/python", "/x/.venv/bin/torchmem", "ps"])
+    assert not _is_viewer(["python3", "-m", "torchmem", "run", "--attachable", "t.py"])
+    assert not _is_viewer(["python", "train.py", "torchmem"])
+
+
+def test_an_unknown_command_or_a_missing_script_is_a_message_not_a_window(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "QT_QPA_PLATFORM")}
+    for args, what in (
+        (["report", "x.db"], "no such script or command 'report'"),
+        (["trian.py"], "no such script 'trian.py'"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchmem", *args],
+            capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert what in proc.stderr and "commands: run, ps, attach" in proc.stderr
+        assert "PySide6" not in proc.stderr and "core dump" not in proc.stderr
+
+
+def test_the_window_without_a_display_names_the_headless_ways(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "QT_QPA_PLATFORM")}
+    env.pop("WAYLAND_DISPLAY", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchmem", str(SCRIPTS / "ok_print.py")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "no display" in proc.stderr and "torchmem run SCRIPT" in proc.stderr
+    assert "xvfb-run" in proc.stderr and "QT_QPA_PLATFORM=offscreen" in proc.stderr

@@ -284,12 +284,29 @@ def test_view_settings_are_remembered(qtbot, make_window):
     assert (second.width(), second.height()) == remembered
 
 
-def test_dark_theme_darkens_the_plots(window):
+def test_dark_theme_darkens_the_plots_and_keeps_every_text_readable(window):
+    from PySide6.QtGui import QColor
+
+    window.session.submit(Sample(0.5, {"cpu/rss": 1e8, "system/available": 1e9}))
+    window.plot.refresh(force=True)  # the legend has entries before the switch
+
+    def text_lightness():
+        legend = [
+            QColor(label.opts["color"]).lightness() for _, label in window.plot.legend.items
+        ]
+        html = [label.item.toHtml() for _, label in window.plot.legend.items]
+        return legend, html, window.plot.steps_label.color.lightness()
+
     try:
         window.set_theme("dark")
         assert window.plot.backgroundBrush().color().lightness() < 60
+        legend, html, steps = text_lightness()
+        assert legend and all(v > 180 for v in legend) and steps > 180
+        assert all("#e1e1e4" in h.lower() for h in html), "labels re-rendered in the new colour"
         window.set_theme("light")
         assert window.plot.backgroundBrush().color().lightness() > 200
+        legend, html, steps = text_lightness()
+        assert all(v < 80 for v in legend) and steps < 80
     finally:
         apply_theme(QApplication.instance(), "system")
 
@@ -338,3 +355,79 @@ def test_uss_is_read_with_the_rss_of_the_same_moment():
     out: dict[str, float] = {}
     ProcessBackend(uss_every_s=0.0).read(out)
     assert 0 < out["cpu/uss"] <= out["cpu/rss"]
+
+
+def test_a_script_blocked_in_a_c_call_is_said_and_can_be_abandoned(
+    qtbot, window, script_path, monkeypatch
+):
+    import torchmem.gui.main_window as mw
+
+    monkeypatch.setattr(mw, "STUCK_AFTER_MS", 300)
+    window._stuck_timer.setInterval(300)
+    window.load_script(script_path("blocked_in_c.py"), ["6"], run=True)
+    qtbot.waitUntil(lambda: "blocked now" in log_text(window), timeout=RUN_TIMEOUT_MS)
+    window.act_stop.trigger()
+    assert not window.act_stop.isEnabled() and "Stopping" in window.run_label.text()
+    qtbot.waitUntil(lambda: "does not stop" in window.banner.text(), timeout=10_000)
+    assert "blocked in a C call" in window.banner.text()
+    assert window.act_abandon.isEnabled()
+    assert window.banner.action_button.text() == "Abandon the run"
+    window.banner.action_button.click()
+    assert not window.running and window.act_run.isEnabled()
+    qtbot.waitUntil(lambda: window.last_result is not None, timeout=5_000)
+    assert window.last_result.message.startswith("abandoned at step 0")
+    assert "Stopped" in window.run_label.text()
+    # The abandoned thread ends when sleep returns; nothing it says reaches this Session.
+    qtbot.waitUntil(lambda: window._abandoned is None, timeout=30_000)
+    assert "woke up" not in log_text(window)
+    assert window.session.run_finished.message.startswith("abandoned")
+    assert not window.source.abandoned and not window.source.running
+
+
+def test_opening_a_script_while_one_runs_asks_and_keeps_the_title_true(
+    qtbot, window, script_path, monkeypatch
+):
+    from PySide6.QtWidgets import QMessageBox
+
+    window.load_script(script_path("train_forever.py"), [], run=True)
+    qtbot.waitUntil(lambda: window.session.steps.steps >= 3, timeout=RUN_TIMEOUT_MS)
+    assert window.windowTitle().startswith("train_forever.py")
+    answers = [QMessageBox.No, QMessageBox.Yes]
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: answers.pop(0))
+    assert not window.load_script(script_path("ok_print.py"), [], run=True)
+    assert window.windowTitle().startswith("train_forever.py") and window.running
+    assert "Kept train_forever.py running" in window.statusBar().currentMessage()
+    assert window.load_script(script_path("ok_print.py"), ["quoted arg"], run=True)
+    # The running script stops first; the new one runs after it, and only then is named.
+    qtbot.waitUntil(
+        lambda: window.session.run_started is not None
+        and window.session.run_started.script.endswith("ok_print.py"),
+        timeout=RUN_TIMEOUT_MS,
+    )
+    assert window.windowTitle().startswith("ok_print.py")
+    result = finish(qtbot, window)
+    assert result.exit_code == 0, log_text(window)
+    text = log_text(window)
+    # "running …" precedes the script's own first line, with its arguments quoted.
+    assert text.rindex("running ") < text.index("hello from the script")
+    assert "ok_print.py 'quoted arg'" in text
+
+
+def test_a_run_that_fails_at_once_has_plain_axis_units(qtbot, window, script_path):
+    window.load_script(script_path("exit3.py"), [], run=True)
+    finish(qtbot, window)
+    window.plot.refresh(force=True)
+    for plot in window.plot.plots.values():
+        assert "(x" not in plot.getAxis("left").labelString()
+    assert "(x" not in window.plot.steps_plot.getAxis("bottom").labelString()
+
+
+def test_a_remembered_separate_process_mode_is_shown(make_window, settings_path):
+    from PySide6.QtCore import QSettings
+
+    QSettings(settings_path, QSettings.IniFormat).setValue("run/isolated", True)
+    window = make_window()
+    assert window.act_isolated.isChecked()
+    assert window.mode_label.isVisible() and "separate process" in window.mode_label.text()
+    window.act_isolated.trigger()
+    assert not window.mode_label.isVisible()

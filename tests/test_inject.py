@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from conftest import SCRIPTS
+from helpers import check_summary
 from test_agent import start, wait_until
 
 from torchmem.inject import InjectError, inject_agent
@@ -79,6 +80,6 @@ def test_cli_attach_inject_summary(plain, tmp_path):
     if "does not let this process trace" in result.stderr:
         pytest.skip("ptrace refused here")
     assert result.returncode == 0, result.stderr
-    data = json.loads(out.read_text())
+    data = check_summary(json.loads(out.read_text()))
     assert data["injected"] is True and data["attached"] == "agent" and data["samples"] >= 5
     assert data["steps"] > 0

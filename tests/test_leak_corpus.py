@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import check_summary
 
 CORPUS = Path(__file__).parent / "leak_corpus"
 EXPECTED = {
@@ -46,7 +47,7 @@ def _run(name: str, tmp: Path) -> dict:
         text=True,
         timeout=300,
     )
-    data = json.loads(out.read_text())
+    data = check_summary(json.loads(out.read_text()))
     data["returncode"] = proc.returncode
     data["stderr"] = proc.stderr
     return data

@@ -240,3 +240,21 @@ def test_a_forked_child_prints_while_another_thread_holds_the_log_lock(tmp_path)
     assert not thread.is_alive(), "the forked child hung on the log's lock"
     assert box["r"].exit_code == 0, box["r"].traceback
     assert "child exit 0" in logs(events)
+
+
+def test_one_classifier_says_out_of_memory_for_every_backend():
+    import torch
+
+    from torchmem.runner import classify_exception
+
+    for exc in (
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        MemoryError(),
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"),
+        RuntimeError("MPS backend out of memory (MPS allocated: 1.2 GB)"),
+    ):
+        status, code, message = classify_exception(exc)
+        assert status is RunStatus.OOM and code == 1, exc
+        assert "smaller batch size" in message
+    status, _, message = classify_exception(KeyError("x"))
+    assert status is RunStatus.FAILED and message == "raised KeyError: 'x'"

@@ -119,9 +119,21 @@ def test_refresh_lists_the_demo_with_real_names(qtbot, window, capsys):
     assert "cpu:" in window.tensors.totals.text() or "cpu</b>" in window.tensors.totals.text()
     assert "naive sum" in window.tensors.totals.text()
     assert "Census:" in window.statusBar().currentMessage()
+    assert "% named" in window.tensors.headline.text()
+    window.tensors_dock.raise_()
+    qtbot.waitUntil(lambda: window.tensors.view.isVisible(), timeout=5_000)
+    rows_shown = window.tensors.view.viewport().height() / window.tensors.view.sizeHintForRow(0)
+    assert rows_shown >= 8, f"the table shows {rows_shown:.1f} rows at the default size"
     window.stop()
     qtbot.waitUntil(lambda: not window.running, timeout=RUN_TIMEOUT_MS)
-    assert window.breakdown.stacked_totals(), "the breakdown chart shows the censuses"
+    totals = window.breakdown.stacked_totals()
+    assert totals, "the breakdown chart shows the censuses"
+    # After the run, Refresh keeps the run's last census (its tensors are gone now).
+    shown = window.tensors._shown
+    window.tensors.refresh_button.click()
+    assert window.tensors._shown is shown and window.session.censuses()[0] is shown
+    assert "last census" in window.statusBar().currentMessage()
+    assert window.breakdown.stacked_totals() == totals
 
 
 def test_second_refresh_highlights_new_storages_and_details_show_the_holder(

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from conftest import SCRIPTS
+from helpers import check_summary
 from test_agent import start, wait_until
 
 from torchmem.attach import agents_for, attach_headless
@@ -50,11 +51,12 @@ def test_torchmem_run_torchrun_serves_every_rank_and_sums_them(runtime_dir, tmp_
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "rank 0 finished 30 steps" in proc.stdout and "rank 1 finished 30 steps" in proc.stdout
-    data = json.loads(out.read_text())
+    data = check_summary(json.loads(out.read_text()))
     assert [(r["rank"], r["world_size"], r["status"]) for r in data["ranks"]] == [
         (0, 2, "finished"),
         (1, 2, "finished"),
     ], "two ranks, and not the launcher"
+    assert data["kind"] == "job" and data["steps"] >= 30, data["steps"]
     peaks = data["peak_bytes"]
     assert peaks["total/cpu_rss"] >= max(peaks["rank0/cpu_rss"], peaks["rank1/cpu_rss"])
     assert "2 process(es) with torch" in proc.stderr
@@ -67,7 +69,7 @@ def test_attach_to_the_launcher_follows_both_ranks_and_survives_a_dead_rank(runt
         assert sorted(e.rank for e in ranks) == [0, 1]
         out = tmp_path / "attach.json"
         assert attach_headless(proc.pid, 2.0, str(out), quiet=True) == 0
-        data = json.loads(out.read_text())
+        data = check_summary(json.loads(out.read_text()))
         assert sorted(r["rank"] for r in data["ranks"]) == [0, 1]
         assert {"rank0/cpu_rss", "rank1/cpu_rss", "total/cpu_rss"} <= set(data["peak_bytes"])
         assert data["samples"] > 20

@@ -1,4 +1,8 @@
-"""torchmem's demo: a small CNN trained on synthetic images (CPU, or a GPU when present).
+"""torchmem's demo: a small CNN learns synthetic images (CPU, or a GPU when present).
+
+Each class is a fixed random pattern and each image that pattern under heavy noise, so
+the loss falls and the evaluation accuracy rises within the first epoch, as in a real
+training run.
 
     python demo_train.py [--epochs 3] [--steps 100] [--batch-size 64] [--device auto]
     python demo_train.py --leak     # keeps every loss with its graph: memory grows per step
@@ -87,6 +91,13 @@ def main(argv: list[str] | None = None) -> None:
         f"demo: {params:,} parameters on {device}, batch {args.batch_size}, "
         f"{args.epochs} epochs x {args.steps} steps{' (leaking)' if args.leak else ''}"
     )
+    # One fixed random pattern per class; an image is its class's pattern under noise.
+    prototypes = torch.randn((10, *size[1:]), device=device)
+
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = torch.randint(0, 10, (n,), device=device)
+        return prototypes[labels] + 1.0 * torch.randn((n, *size[1:]), device=device), labels
+
     kept_losses = []  # the --leak bug: each loss keeps its whole graph alive
     started = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
@@ -94,8 +105,7 @@ def main(argv: list[str] | None = None) -> None:
             torchmem.mark(f"epoch {epoch}")
         model.train()
         for step in range(1, args.steps + 1):
-            images = torch.randn(size, device=device)
-            labels = torch.randint(0, 10, (args.batch_size,), device=device)
+            images, labels = make_batch(args.batch_size)
             loss = loss_fn(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -105,9 +115,9 @@ def main(argv: list[str] | None = None) -> None:
             if step % 20 == 0:
                 print(f"epoch {epoch} step {step:4d}  loss {loss.item():.4f}")
         model.eval()
-        with torch.no_grad():
-            batch = torch.randn((args.batch_size * 4, *size[1:]), device=device)
-            accuracy = (model(batch).argmax(1) == 0).float().mean().item()
+        with torch.no_grad():  # held-out images: fresh noise over the same patterns
+            batch, truth = make_batch(args.batch_size * 4)
+            accuracy = (model(batch).argmax(1) == truth).float().mean().item()
         print(f"epoch {epoch} done, eval accuracy {accuracy:.3f}")
     took = time.perf_counter() - started
     print(f"demo: finished {args.epochs * args.steps} steps in {took:.1f} s")
