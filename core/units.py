@@ -27,3 +27,17 @@ def format_bytes(nbytes: float, unit: str | None = None, signed: bool = False) -
     value = nbytes / UNITS[unit]
     decimals = 2 if abs(value) < 100 else 1
     return f"{sign}{value:,.{decimals}f} {unit}"
+
+
+def format_duration(seconds: float, coarse: bool = False) -> str:
+    """``12.3 s``, ``4 min 05 s``, ``2 h 03 min``; ``coarse``: ``12 s``, ``3 min``, ``2 h``
+    (the age of a reading)."""
+    if seconds < 120:
+        return f"{seconds:.0f} s" if coarse else f"{seconds:.1f} s"
+    if seconds < 7200:
+        if coarse:
+            return f"{seconds / 60:.0f} min"
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    if coarse:
+        return f"{seconds / 3600:.0f} h"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"

@@ -45,6 +45,7 @@ from torchmem.runner import EXIT_STOPPED, ScriptError, validate_script
 from torchmem.sampler import MAX_HZ, MIN_HZ
 from torchmem.session import Session
 from torchmem.source import InProcessSource
+from torchmem.units import format_duration
 
 from .alert_panel import AlertPanel
 from .banner import Banner
@@ -76,15 +77,6 @@ COMMAND_LABELS = {
     "history_stop": "Stop recording CUDA allocation history",
     "snapshot": "Memory snapshot",
 }
-
-
-def _duration(seconds: float) -> str:
-    """``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
 
 
 class MainWindow(QMainWindow):
@@ -1003,7 +995,7 @@ class MainWindow(QMainWindow):
         )
         text = (
             f"{event.status.value.capitalize()} ({code}) after "
-            f"{_duration(event.duration_s)}, {steps:,} steps"
+            f"{format_duration(event.duration_s)}, {steps:,} steps"
         )
         self.run_label.setText(text)
         self.run_label.setToolTip(f"{text}: {event.message}")

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidg
 
 from torchmem.backends import METRICS, series_label, split_key
 from torchmem.session import Session
-from torchmem.units import format_bytes
+from torchmem.units import format_bytes, format_duration
 
 from .trace_plot import series_color
 
@@ -76,7 +76,7 @@ class ReadingsTable(QTableWidget):
             if math.isnan(last):
                 now_item.setText("–")
             elif age > STALE_AFTER_S:
-                now_item.setText(f"{format_bytes(last)} · {_age(age)} old")
+                now_item.setText(f"{format_bytes(last)} · {format_duration(age, coarse=True)} old")
                 now_item.setForeground(grey)
                 now_item.setToolTip(
                     f"Last read {age:.1f} s before the newest reading: it may have changed since."
@@ -104,12 +104,3 @@ class ReadingsTable(QTableWidget):
         """(label, now, peak) as shown, for tests and copy."""
         row = self._rows[key]
         return tuple(self.item(row, c).text() for c in range(3))  # type: ignore[return-value]
-
-
-def _age(seconds: float) -> str:
-    """``12 s``, ``3 min``, ``2 h``: how old a reading is."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.0f} h"

@@ -364,7 +364,7 @@ def test_a_script_blocked_in_a_c_call_is_said_and_can_be_abandoned(
 
     monkeypatch.setattr(mw, "STUCK_AFTER_MS", 300)
     window._stuck_timer.setInterval(300)
-    window.load_script(script_path("blocked_in_c.py"), ["6"], run=True)
+    window.load_script(script_path("blocked_in_c.py"), ["12"], run=True)
     qtbot.waitUntil(lambda: "blocked now" in log_text(window), timeout=RUN_TIMEOUT_MS)
     window.act_stop.trigger()
     assert not window.act_stop.isEnabled() and "Stopping" in window.run_label.text()
@@ -378,7 +378,7 @@ def test_a_script_blocked_in_a_c_call_is_said_and_can_be_abandoned(
     assert window.last_result.message.startswith("abandoned at step 0")
     assert "Stopped" in window.run_label.text()
     # The abandoned thread ends when sleep returns; nothing it says reaches this Session.
-    qtbot.waitUntil(lambda: window._abandoned is None, timeout=30_000)
+    qtbot.waitUntil(lambda: window._abandoned is None, timeout=60_000)
     assert "woke up" not in log_text(window)
     assert window.session.run_finished.message.startswith("abandoned")
     assert not window.source.abandoned and not window.source.running

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import check_summary
 
+pytestmark = pytest.mark.slow
+
 CORPUS = Path(__file__).parent / "leak_corpus"
 EXPECTED = {
     # script: (culprit words that must appear in the alert, suggestion keyword)

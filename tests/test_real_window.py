@@ -11,6 +11,8 @@ import pytest
 from conftest import ROOT
 from PySide6.QtGui import QImage
 
+pytestmark = pytest.mark.slow
+
 REQUIRED = os.environ.get("TORCHMEM_REQUIRE_XVFB") == "1"
 
 

@@ -14,6 +14,8 @@ from test_agent import start, wait_until
 
 from torchmem.attach import agents_for, attach_headless
 
+pytestmark = pytest.mark.slow
+
 TORCHRUN = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
 
 
@@ -114,8 +116,15 @@ def test_window_shows_one_trace_per_rank_a_total_and_a_rank_filter(qtbot, make_w
 
         # A census of each rank, named after its rank, and its tensors' referrers asked of
         # the right process.
+        # Both ranks past their set-up (gloo's init can take seconds on a loaded machine):
+        # a census before it would rightly miss rank_buffer.
+        qtbot.waitUntil(lambda: window.session.steps.steps >= 3, timeout=60_000)
         window.act_census.trigger()
-        qtbot.waitUntil(lambda: window.tensors.model.census is not None, timeout=60_000)
+        # The user's census of a rank (an automatic one may be shown before it lands).
+        qtbot.waitUntil(
+            lambda: window.tensors._shown is not None and window.tensors._shown.trigger == "user",
+            timeout=60_000,
+        )
         census = window.tensors.model.census
         assert all(d.startswith(("rank0/", "rank1/")) for d in census.devices())
         buffer = next(t for t in census.tensors() if t.name == "rank_buffer")

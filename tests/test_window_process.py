@@ -12,6 +12,8 @@ import psutil
 import pytest
 from conftest import ROOT, SCRIPTS
 
+pytestmark = pytest.mark.slow
+
 
 def _torchmem_window(args: list[str], tmp_path) -> subprocess.Popen[str]:
     env = dict(
