@@ -18,7 +18,7 @@ from typing import Any as _Any
 from .steps import mark
 
 if _TYPE_CHECKING:
-    from .tensor_census import Census
+    from .census_model import Census
 
 
 def census(referrers: bool = True) -> Census:
@@ -43,7 +43,7 @@ def serve(hz: float = 10.0, listen: str | None = None, label: str = "") -> _Any:
     ``torchmem ps`` lists it and the window's Attach dialog (or ``torchmem attach PID``)
     connects to it. Returns the published entry. Safe to call more than once.
     """
-    from .agent import serve as _serve
+    from .serve import serve as _serve
 
     return _serve(hz, listen, label)
 

@@ -43,7 +43,7 @@ from .discovery import (
     runtime_dir,
     write_entry,
 )
-from .events import Event, Marker, MarkerKind, RunFinished, RunStarted, RunStatus, Sample
+from .events import Event, Marker, MarkerKind, Sample
 from .protocol import (
     MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
@@ -53,10 +53,8 @@ from .protocol import (
     encode,
     field,
 )
-from .runner import EXIT_STOPPED, classify_exception
 from .session import Session
-from .source import InProcessSource, active_source
-from .steps import ScriptStopped
+from .source import InProcessSource
 from .wire import event_to_wire
 
 log = logging.getLogger(__name__)
@@ -664,7 +662,8 @@ def _torch_version() -> str:
 
 def _referrers(args: dict[str, Any]) -> dict[str, Any]:
     """What keeps one tensor alive, found again from its census identity."""
-    from .tensor_census import TensorInfo, referrer_chain
+    from .census_model import TensorInfo
+    from .tensor_census import referrer_chain
 
     try:
         device = str(args["device"])
@@ -704,86 +703,9 @@ def _time_of(event: Sample | Marker) -> float:
     return event.t
 
 
-# -- torchmem.serve() ---------------------------------------------------------------------------
 _running: Agent | None = None  # the agent serving this process, however it was started
-_served: Agent | None = None
-_served_lock = threading.Lock()
 
 
-def serve(hz: float = 10.0, listen: str | None = None, label: str = "") -> AgentEntry:
-    """Let torchmem viewers attach to this process (``torchmem.serve()``, one line).
-
-    Samples in a daemon thread, counts steps of the calling thread, and publishes an
-    entry that ``torchmem ps`` and the window's Attach dialog list. Calling it again
-    returns the same entry. Nothing waits for a viewer.
-    """
-    global _served
-    with _served_lock:
-        if _served is not None and _served.entry is not None and _served.pid == os.getpid():
-            return _served.entry
-        running = _running
-        if running is not None and running.entry is not None and running.pid == os.getpid():
-            return running.entry  # `torchmem run --attachable` already serves this run
-        active = active_source()
-        if active is not None:  # a run of `torchmem run` or the window: serve that run
-            agent = Agent(active, listen=listen, label=label)
-            return agent.start()
-        source = InProcessSource(Session(), hz=hz)
-        main = sys.modules.get("__main__")
-        script = getattr(main, "__file__", None)
-        source.watch_thread(threading.get_ident(), script)
-        session = source.session
-        session.submit(
-            RunStarted(session.now(), script or sys.executable, tuple(sys.argv[1:]), "served")
-        )
-        agent = Agent(source, listen=listen, label=label)
-        entry = agent.start()
-        _served = agent
-        _report_exit(agent)
-        return entry
-
-
-def _report_exit(agent: Agent) -> None:
-    """Tell viewers how a served process ends: an uncaught exception, or a normal exit."""
-    session = agent.session
-    started = time.monotonic()
-    previous_hook = sys.excepthook
-
-    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        if session.run_finished is None and agent is _served:
-            import traceback
-
-            text = "".join(traceback.format_exception(kind, exc, tb))
-            status, code, message = classify_exception(exc)
-            if issubclass(kind, ScriptStopped):
-                first = str(exc).splitlines()[0] if str(exc) else "stopped"
-                status, code, message, text = RunStatus.STOPPED, EXIT_STOPPED, first, ""
-            session.submit(
-                RunFinished(session.now(), status, code, message, text, time.monotonic() - started)
-            )
-        previous_hook(kind, exc, tb)
-
-    def at_exit() -> None:
-        if session.run_finished is None and agent is _served:
-            session.submit(
-                RunFinished(
-                    session.now(),
-                    RunStatus.FINISHED,
-                    0,
-                    "the process exited",
-                    duration_s=time.monotonic() - started,
-                )
-            )
-
-    sys.excepthook = excepthook
-    atexit.register(at_exit)  # after the agent's own: runs before it closes
-
-
-def stop_serving() -> None:
-    """Undo :func:`serve` (tests, or a script that wants to retract itself)."""
-    global _served
-    with _served_lock:
-        agent, _served = _served, None
-    if agent is not None:
-        agent.close(linger_s=0.2)
-        agent.source.unwatch()
+def running_agent() -> Agent | None:
+    """The agent serving this process (``torchmem run --attachable``, ``serve()``), if any."""
+    return _running

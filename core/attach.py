@@ -25,7 +25,7 @@ import psutil
 from .backends import backends_capacity, process_backends
 from .client import AttachError
 from .discovery import AgentEntry, list_agents
-from .events import CommandResult, LogRecord, RunFinished, RunStarted, RunStatus, Stream
+from .events import CommandResult, RunFinished, RunStarted, RunStatus
 from .rank_totals import RankTotals
 from .remote import RemoteSource
 from .sampler import Sampler
@@ -180,18 +180,14 @@ class ProcessWatchSource:
         """Start sampling; the Session hears that a watch started."""
         s = self.session
         s.submit(RunStarted(s.now(), " ".join(self.cmdline[:1]), tuple(self.cmdline[1:]), "watch"))
-        s.submit(
-            LogRecord(
-                s.now(),
-                Stream.TORCHMEM,
-                f"watching process {self.pid} from outside: RSS"
-                + (
-                    " and GPU memory as the driver reports it (CUDA context and caches included)"
-                    if len(self.backends) > 1
-                    else ""
-                )
-                + ". Inject the agent for steps, tensors and alerts.",
+        s.note(
+            f"watching process {self.pid} from outside: RSS"
+            + (
+                " and GPU memory as the driver reports it (CUDA context and caches included)"
+                if len(self.backends) > 1
+                else ""
             )
+            + ". Inject the agent for steps, tensors and alerts."
         )
         self.sampler.start()
 
@@ -252,13 +248,7 @@ class AttachedRun:
         if not entries and self.inject:
             from .inject import InjectError, inject_agent
 
-            self.session.submit(
-                LogRecord(
-                    self.session.now(),
-                    Stream.TORCHMEM,
-                    f"injecting the agent into {self.pid} (experimental)…",
-                )
-            )
+            self.session.note(f"injecting the agent into {self.pid} (experimental)…")
             try:
                 entries = [inject_agent(self.pid)]
             except InjectError as exc:
@@ -291,7 +281,7 @@ class AttachedRun:
         if self.totals is not None:  # the clock is the agents' now: replays come before it
             self.totals.since = self.session.now()
         for error in errors:  # some ranks attached, others not: say which
-            self.session.submit(LogRecord(self.session.now(), Stream.TORCHMEM, error))
+            self.session.note(error)
 
     @property
     def label(self) -> str:

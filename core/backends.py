@@ -173,18 +173,18 @@ class ProcessBackend(MemoryBackend):
 
     def read(self, out: dict[str, float], full: bool = True) -> None:
         now = time.monotonic()
+        rss = None
         if full and self._uss_ok and now >= self._next_uss:
             self._next_uss = now + self.uss_every_s
             try:
                 # USS and RSS of one moment (one read of smaps): a USS read earlier, next to
                 # an RSS read later, showed USS 3.3 GiB over RSS 356 MiB after a burst.
                 info = self.process.memory_full_info()
-                out["cpu/rss"] = float(info.rss)
-                out["cpu/uss"] = float(min(info.uss, info.rss))
+                rss = info.rss
+                out["cpu/uss"] = float(min(info.uss, rss))
             except (psutil.AccessDenied, AttributeError, NotImplementedError):
                 self._uss_ok = False
-        if "cpu/rss" not in out:
-            out["cpu/rss"] = float(self.process.memory_info().rss)
+        out["cpu/rss"] = float(rss if rss is not None else self.process.memory_info().rss)
         if not full:
             return
         out["system/available"] = float(psutil.virtual_memory().available)

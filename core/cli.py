@@ -299,9 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.script and not Path(opts.script).expanduser().exists():
         # A typo or a command of a later version ("report"), never a window on a script
         # that is not there (without a display, Qt would abort with a core dump).
-        known = (opts.script.isidentifier() or "-" in opts.script) and "." not in opts.script
+        command_like = not Path(opts.script).suffix
         print(
-            f"torchmem: no such {'script or command' if known else 'script'} "
+            f"torchmem: no such {'script or command' if command_like else 'script'} "
             f"'{opts.script}' (commands: {', '.join(COMMANDS)}; or a Python script to run "
             "in the window)",
             file=sys.stderr,

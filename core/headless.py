@@ -27,7 +27,7 @@ LEAK_KINDS = ("leak", "epoch_growth")
 def summary(session: Session, source: InProcessSource, result: RunFinished) -> dict[str, Any]:
     """The run's summary as written by ``--summary``."""
     started = session.run_started
-    data = build_summary(
+    return build_summary(
         "run",
         session,
         script=started.script if started else None,
@@ -38,9 +38,8 @@ def summary(session: Session, source: InProcessSource, result: RunFinished) -> d
         duration_s=round(result.duration_s, 3),
         capacity_bytes=source.capacity(),
         traceback=result.traceback,
+        steps=source.steps_seen,  # the runner's own count
     )
-    data["steps"] = source.steps_seen  # the runner's count, boundaries never skipped
-    return data
 
 
 def run_headless(

@@ -157,7 +157,7 @@ class IsolatedSource:
             return self._finish(
                 RunFinished(s.now(), RunStatus.FAILED, 2, f"cannot start the child: {exc}")
             )
-        s.submit(LogRecord(s.now(), Stream.TORCHMEM, f"isolated run: process {self.process.pid}"))
+        s.note(f"isolated run: process {self.process.pid}")
         try:
             self._attach(path, args)
             self._wait_for_exit()
@@ -214,13 +214,8 @@ class IsolatedSource:
                     self.session.submit(LogRecord(self.session.now(), Stream.TORCHMEM, str(exc)))
                 return
             if time.monotonic() > deadline:
-                self.session.submit(
-                    LogRecord(
-                        self.session.now(),
-                        Stream.TORCHMEM,
-                        f"the child never started its agent within {AGENT_TIMEOUT_S:g} s; "
-                        "stopping it",
-                    )
+                self.session.note(
+                    f"the child never started its agent within {AGENT_TIMEOUT_S:g} s; stopping it"
                 )
                 proc.terminate()
                 return

@@ -7,17 +7,15 @@ Theil-Sen slope (median of pairwise slopes, indifferent to spikes) and the Mann-
 test (is the rise monotonic beyond chance?). Growth must be significant, at least an
 absolute and a relative amount per step, and sustained over a minimum number of steps.
 
-To name the culprits it asks for censuses (spaced out) while growth is suspected, groups
-storages by signature (device, dtype, shape, grad_fn, name pattern such as ``losses[#]``)
-and reports the groups whose count grows with the step count. Each alert fires once per
-key, is updated in place while its condition lasts, and resolves when it ends.
+To name the culprits it asks for censuses (spaced out) while growth is suspected and
+hands them to :mod:`torchmem.leak_culprits`; the statistics live in
+:mod:`torchmem.leak_stats`. Each alert fires once per key, is updated in place while its
+condition lasts, and resolves when it ends.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,6 +24,14 @@ from typing import Any
 import numpy as np
 
 from .events import Alert, CensusTaken, Event, Marker, MarkerKind, RunStarted, Sample
+from .leak_culprits import (
+    CensusGroup,
+    describe_culprit,
+    find_culprits,
+    group_census,
+    suggestion_for,
+)
+from .leak_stats import mann_kendall_p, theil_sen, trailing_floor
 from .units import format_bytes
 
 MiB = 1 << 20
@@ -35,18 +41,6 @@ EVALUATE_EVERY_S = 0.05
 # the allocator keeps for a few steps) does not.
 FLOOR_SPAN = 4
 
-SUGGEST_GRAPH = (
-    "Each kept tensor keeps its autograd graph, and every activation the graph saved, alive. "
-    "Keep a number instead: loss.item(), or a tensor without its graph: out.detach()."
-)
-SUGGEST_CONTAINER = (
-    "{holder} gains an entry every step and is never emptied: keep only what you need "
-    "(collections.deque(maxlen=N)), store .item() / .detach().cpu() values, or clear it."
-)
-SUGGEST_CLOSURE = (
-    "Tensors captured by a hook or a closure live as long as it does: remove the hook "
-    "(handle.remove()) or keep detached copies that you release."
-)
 SUGGEST_NOT_TENSORS = (
     "Tensor bytes are not growing: the growth is outside tensors (Python objects, a "
     "DataLoader's workers or prefetching, a C library). tracemalloc or memray can tell which."
@@ -84,195 +78,6 @@ class LeakSettings:
     max_culprit_censuses: int = 4
 
 
-_PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-
-def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Index pairs i < j for n points, cached (the window has few distinct sizes)."""
-    pairs = _PAIRS.get(n)
-    if pairs is None:
-        pairs = _PAIRS[n] = np.triu_indices(n, k=1)
-    return pairs
-
-
-def _floor(y: np.ndarray, span: int) -> np.ndarray:
-    """Trailing minimum of ``y`` over ``span`` points (shorter at the start)."""
-    if span <= 1 or len(y) < 2:
-        return y
-    windows = np.lib.stride_tricks.sliding_window_view(
-        np.concatenate((np.full(span - 1, np.inf), y)), span
-    )
-    return windows.min(axis=1)
-
-
-def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
-    """Median of the slopes between every pair of points (robust to outliers)."""
-    i, j = _pairs(len(x))
-    dx = x[j] - x[i]
-    keep = dx != 0
-    if not keep.any():
-        return 0.0
-    return float(np.median((y[j] - y[i])[keep] / dx[keep]))
-
-
-def mann_kendall_p(y: np.ndarray) -> float:
-    """One-sided p-value that ``y`` rises monotonically (normal approximation, no tie
-    correction: memory readings rarely tie exactly, and ties only make it stricter)."""
-    n = len(y)
-    if n < 4:
-        return 1.0
-    i, j = _pairs(n)
-    s = float(np.sign(y[j] - y[i]).sum())
-    if s <= 1:
-        return 1.0
-    z = (s - 1) / math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-_INDEX = re.compile(r"\[(\d+|'[^']*'|\"[^\"]*\")\]")
-_NUMBERS = re.compile(r"\b(item|of a list of|of a tuple of|in a dict of|key) \d+")
-_LABEL = re.compile(r": \w+ \[[\d, ]*\]$")
-
-
-def name_pattern(name: str) -> str:
-    """A name with its indices folded: ``losses[12]`` -> ``losses[#]``.
-
-    Referrer descriptions fold too (``item 7 of a list of 40: float32 [3]`` ->
-    ``item # of a list of #``), so that one growing container is one group.
-    """
-    name = _INDEX.sub(lambda m: "[#]" if m.group(1).isdigit() else "['#']", name)
-    name = _NUMBERS.sub(lambda m: f"{m.group(1)} #", name)
-    return _LABEL.sub("", name)
-
-
-def _holder(pattern: str) -> str:
-    """Who holds tensors of this name pattern, in words."""
-    if pattern.startswith("saved by the graph of "):
-        return f"the autograd graph of {_holder(pattern.removeprefix('saved by the graph of '))}"
-    base = pattern
-    if base.startswith("captured by closure"):
-        return base.split(":")[0]
-    for marker, kind in (("[#]", "container"), ("['#']", "dict")):
-        if marker in base:
-            container = base.split(marker)[0]
-            return f"{kind} `{container}`" if container else f"a {kind}"
-    if base.startswith(("item ", "value of key")):
-        return base.split(":")[0].replace("item # of ", "").replace(" of #", "")
-    return f"`{base}`"
-
-
-@dataclass
-class _Group:
-    count: int
-    nbytes: int
-    example: str
-    dtype: str
-    shape: tuple[int, ...]
-    grad_fn: str
-    device: str
-
-
-def group_census(census: Any) -> dict[tuple, _Group]:
-    """Storages of a census grouped by signature (device, dtype, shape, grad_fn, pattern)."""
-    groups: dict[tuple, _Group] = {}
-    for storage in census.storages.values():
-        if not storage.tensors:
-            continue
-        best = min(storage.tensors, key=lambda t: (not t.named, t.is_view))
-        pattern = name_pattern(best.name)
-        sig = (storage.device, best.dtype, best.shape, best.grad_fn, pattern)
-        g = groups.get(sig)
-        if g is None:
-            groups[sig] = _Group(
-                1, storage.nbytes, best.name, best.dtype, best.shape, best.grad_fn, storage.device
-            )
-        else:
-            g.count += 1
-            g.nbytes += storage.nbytes
-    return groups
-
-
-def find_culprits(tables: list[tuple[int, dict[tuple, _Group]]]) -> list[dict[str, Any]]:
-    """Groups whose count grows with the steps across the censuses in ``tables``."""
-    if len(tables) < 2:
-        return []
-    (s0, first), (s1, last) = tables[0], tables[-1]
-    steps = s1 - s0
-    if steps <= 0:
-        return []
-    growing: dict[str, dict[str, Any]] = {}
-    for sig, g in last.items():
-        before = first.get(sig)
-        count0 = before.count if before else 0
-        bytes0 = before.nbytes if before else 0
-        counts = [t.get(sig).count if t.get(sig) else 0 for _, t in tables]
-        if g.count <= count0 or any(b < a for a, b in itertools.pairwise(counts)):
-            continue
-        pattern = sig[4]
-        if pattern in growing:  # same name pattern, other shapes (a graph's activations)
-            entry = growing[pattern]
-            entry["bytes_per_step"] += (g.nbytes - bytes0) / steps
-            entry["count_per_step"] = max(entry["count_per_step"], (g.count - count0) / steps)
-            continue
-        growing[pattern] = {
-            "name": pattern,
-            "example": g.example,
-            "device": g.device,
-            "dtype": g.dtype,
-            "shape": list(g.shape),
-            "grad_fn": g.grad_fn,
-            "count": g.count,
-            "count_per_step": (g.count - count0) / steps,
-            "bytes_per_step": (g.nbytes - bytes0) / steps,
-            "bytes_each": g.nbytes / g.count,
-            "holder": _holder(pattern),
-            "graph_bytes_per_step": 0.0,
-        }
-    # A kept tensor and the activations saved by its graph are one culprit.
-    for pattern in list(growing):
-        if pattern.startswith("saved by the graph of "):
-            root = pattern.removeprefix("saved by the graph of ")
-            saved = growing.pop(pattern)
-            if root in growing:
-                growing[root]["graph_bytes_per_step"] += saved["bytes_per_step"]
-            else:
-                growing[pattern] = saved
-    culprits = sorted(
-        growing.values(), key=lambda c: -(c["bytes_per_step"] + c["graph_bytes_per_step"])
-    )
-    # A group that gained one tensor over many steps (an evaluation batch) is not a trend.
-    return [
-        c
-        for c in culprits
-        if c["bytes_per_step"] + c["graph_bytes_per_step"] > 0 and c["count_per_step"] >= 0.05
-    ][:5]
-
-
-def describe_culprit(c: dict[str, Any]) -> str:
-    """``+1 float32 [] tensor with grad_fn=AddBackward0 per step (...), held by list x``."""
-    per = c["count_per_step"]
-    count = f"{per:.0f}" if abs(per - round(per)) < 0.05 else f"{per:.2f}"
-    grad = f" with grad_fn={c['grad_fn']}" if c["grad_fn"] else ""
-    text = f"+{count} {c['dtype']} {c['shape']} tensor{grad} per step ("
-    text += f"{format_bytes(c['bytes_each'])} each"
-    if c["graph_bytes_per_step"]:
-        total = c["bytes_per_step"] + c["graph_bytes_per_step"]
-        text += f", but each keeps its graph: {format_bytes(total, signed=True)}/step"
-    text += f"), held by {c['holder']}"
-    return text
-
-
-def _suggestion(culprits: list[dict[str, Any]]) -> str:
-    if not culprits:
-        return ""
-    top = culprits[0]
-    if top["graph_bytes_per_step"] or top["grad_fn"] or top["name"].startswith("saved by"):
-        return SUGGEST_GRAPH
-    if "captured by closure" in top["holder"]:
-        return SUGGEST_CLOSURE
-    return SUGGEST_CONTAINER.format(holder=top["holder"].capitalize())
-
-
 class _Trend:
     """Boundary readings of one series and the state of its alert."""
 
@@ -304,7 +109,7 @@ class LeakDetector:
 
     def _reset(self) -> None:
         self._trends: dict[str, _Trend] = {}
-        self._tables: deque[tuple[int, dict[tuple, _Group]]] = deque(maxlen=6)
+        self._tables: deque[tuple[int, dict[tuple, CensusGroup]]] = deque(maxlen=6)
         self._tensor_bytes: deque[tuple[int, int]] = deque(maxlen=6)
         self._culprits: list[dict[str, Any]] = []
         self._suspected = False
@@ -367,7 +172,7 @@ class LeakDetector:
     def _evaluate(self, key: str, trend: _Trend, sample: Sample) -> None:
         s = self.settings
         x = np.fromiter(trend.steps, float)
-        y = _floor(np.fromiter(trend.values, float), FLOOR_SPAN)
+        y = trailing_floor(np.fromiter(trend.values, float), FLOOR_SPAN)
         if len(x) < 6 or x[-1] - x[0] < s.min_steps:
             return
         slope = theil_sen(x, y)
@@ -406,7 +211,7 @@ class LeakDetector:
         tensors_flat = self._tensors_flat()
         label = "process RSS" if metric == "rss" else f"{device} allocated"
         message = f"{label} grows {format_bytes(slope, signed=True)}/step"
-        suggestion = _suggestion(culprits)
+        suggestion = suggestion_for(culprits)
         if culprits:
             message += ": " + "; ".join(describe_culprit(c) for c in culprits[:3])
         elif metric == "rss" and tensors_flat:

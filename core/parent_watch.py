@@ -85,12 +85,9 @@ class ParentWatch:
         self._stop.set()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self.parent_alive:
-                break
-            self._stop.wait(self.poll_s)
-        else:
-            return
+        while self.parent_alive:
+            if self._stop.wait(self.poll_s):
+                return
         sys.stderr.write(
             f"torchmem: the window that started this run (pid {self.parent_pid}) is gone; "
             "stopping the script\n"

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 
 from .backends import scope_label
+from .census_model import Census, StorageInfo
 from .client import AgentClient, AttachError
 from .discovery import AgentEntry, boot_id
 from .events import (
@@ -36,7 +37,6 @@ from .events import (
 )
 from .protocol import ProtocolError
 from .session import Session
-from .tensor_census import Census, StorageInfo
 from .wire import event_from_wire
 
 
@@ -145,7 +145,7 @@ class RemoteSource:
         try:
             self._client.request("mark", {"label": label})
         except AttachError as exc:
-            self.session.submit(LogRecord(self.session.now(), Stream.TORCHMEM, f"mark: {exc}"))
+            self.session.note(f"mark: {exc}")
 
     def set_rate(self, hz: float) -> None:
         """Change the agent's sampling rate."""
@@ -173,12 +173,8 @@ class RemoteSource:
     # -- from the reader thread ---------------------------------------------------------------
     def _on_events(self, events: list[dict[str, Any]], dropped: int) -> None:
         if dropped:
-            self.session.submit(
-                LogRecord(
-                    self.session.now(),
-                    Stream.TORCHMEM,
-                    f"{self.label}: {dropped} event batch(es) dropped (the viewer fell behind)",
-                )
+            self.session.note(
+                f"{self.label}: {dropped} event batch(es) dropped (the viewer fell behind)"
             )
         for data in events:
             try:
@@ -230,16 +226,21 @@ class RemoteSource:
         if self.prefix:
             self.session.submit(Marker(now, MarkerKind.USER, f"{self.label} ended", 0))
         elif not self._run_finished:
-            message = (
-                f"process {self.entry.pid} ended while attached (killed or crashed; exit "
-                "status unknown)"
-                if gone
-                else f"lost the connection to process {self.entry.pid}: {reason}"
-            )
             started = self.session.run_started
             duration = now - started.t if started is not None else 0.0
+            if gone:
+                status, message = (
+                    RunStatus.KILLED,
+                    (
+                        f"process {self.entry.pid} ended while attached (killed or crashed; "
+                        "exit status unknown)"
+                    ),
+                )
+            else:
+                status = RunStatus.FAILED
+                message = f"lost the connection to process {self.entry.pid}: {reason}"
             self.session.submit(
-                RunFinished(now, RunStatus.KILLED, EXIT_UNKNOWN, message, duration_s=duration)
+                RunFinished(now, status, EXIT_UNKNOWN, message, duration_s=duration)
             )
         self.ended.set()
 

@@ -161,11 +161,11 @@ class Session:
         with self._lock:
             return {k: (b.last, b.peak) for k, b in self.series.items()}
 
-    def last_times(self) -> dict[str, float]:
-        """When each series was last read (Session time): readings older than their
-        neighbours are stale, and views say so."""
+    def latest_timed(self) -> dict[str, tuple[float, float, float]]:
+        """Last value, peak and the time of the last reading of every series: a reading
+        older than its neighbours is stale, and views say so."""
         with self._lock:
-            return {k: float(b.last_t) for k, b in self.series.items()}
+            return {k: (b.last, b.peak, float(b.last_t)) for k, b in self.series.items()}
 
     def peak_bytes(self) -> dict[str, float]:
         """Peak per device for summaries: accelerator peak allocated, and ``cpu_rss``."""

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 
 from .backends import MemoryBackend, backends_capacity, discover_backends
+from .census_model import describe_census
 from .census_schedule import CensusSchedule
 from .commands import (
     allocation_history,
@@ -30,7 +31,7 @@ from .sampler import Sampler
 from .session import Session
 from .step_pace import StepPace
 from .steps import StepTracker
-from .tensor_census import describe_census, script_namespaces, take_census
+from .tensor_census import script_namespaces, take_census
 
 
 class WatchedThread:

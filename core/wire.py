@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from .census_model import KINDS, Census, Skipped, StorageInfo, TensorInfo
 from .events import (
     Alert,
     CensusTaken,
@@ -26,7 +27,6 @@ from .events import (
     Stream,
 )
 from .protocol import ProtocolError, field
-from .tensor_census import KINDS, Census, Skipped, StorageInfo, TensorInfo
 
 _NUM = (int, float)
 _TENSOR_FIELDS = [f.name for f in fields(TensorInfo)]

@@ -1,15 +1,14 @@
-"""torchmem's main window: toolbar, live traces, readings, log, status bar."""
+"""torchmem's main window: the views of one Session, its actions, and the run as shown."""
 
 from __future__ import annotations
 
 import gc
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -41,7 +40,7 @@ from torchmem.events import (
 )
 from torchmem.isolated import IsolatedSource
 from torchmem.resources import path as resource_path
-from torchmem.runner import EXIT_STOPPED, ScriptError, validate_script
+from torchmem.runner import ScriptError, validate_script
 from torchmem.sampler import MAX_HZ, MIN_HZ
 from torchmem.session import Session
 from torchmem.source import InProcessSource
@@ -55,16 +54,14 @@ from .gui_gc import GuiThreadCollector
 from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
 from .readings import ReadingsTable
+from .run_controller import RunController
 from .status_bar import ElidingStatusBar
 from .tensor_panel import TensorPanel
 from .theme import THEMES, apply_theme
 from .trace_plot import TracePlot
-from .workers import AttachWorker, CommandWorker, ScriptWorker, start_in_thread, wait_thread
 
 WINDOWS = (("30 s", 30.0), ("2 min", 120.0), ("10 min", 600.0), ("1 h", 3600.0), ("All", None))
 UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
-#: After a stop request, how long before the window says the script seems blocked.
-STUCK_AFTER_MS = 5000
 # Bumped whenever docks are added or moved: a dock layout saved by an older version would
 # put new docks in odd places, so it is not restored.
 LAYOUT_VERSION = 3
@@ -82,41 +79,22 @@ COMMAND_LABELS = {
 class MainWindow(QMainWindow):
     """The torchmem window around one Session and one in-process source."""
 
-    #: Ask the command worker (in its thread) to run a command by name.
-    command_requested = Signal(str)
-
     def __init__(
         self, source: InProcessSource | None = None, settings: QSettings | None = None
     ) -> None:
         super().__init__()
         self.settings = settings or QSettings()
         self.session = source.session if source else Session()
-        self.source = source or InProcessSource(self.session)
-        self.isolated = IsolatedSource(self.session, self.source.sampler.hz)
-        #: Where commands, stop and the rate go now: the in-process source, the isolated
-        #: one while it runs a script, or the attached processes.
-        self.target: Any = self.source
-        self.attached: AttachedRun | None = None
+        #: The run lifecycle: sources, threads, stop / stuck / abandon / re-run.
+        self.runs = RunController(source or InProcessSource(self.session), self)
+        self.source = self.runs.source
         self.bridge = SessionBridge(self.session, self)
         self.script: str | None = None
         self.script_args: list[str] = []
         self.cwd: str | None = None
         self.last_result: RunFinished | None = None
         self.force_exit_needed = False
-        self._script_thread: QThread | None = None
-        self._script_worker: ScriptWorker | AttachWorker | None = None
         self._runs = 0
-        self._stopping = False
-        self._rerun_pending = False
-        self._inject_pid: int | None = None
-        #: An in-process run let go of while blocked in a C call: (thread, worker) kept
-        #: alive until the call returns (a running QThread must never be destroyed).
-        self._abandoned: tuple[QThread, ScriptWorker] | None = None
-        self._stop_requested_at: float | None = None
-        self._stuck_timer = QTimer(self)
-        self._stuck_timer.setSingleShot(True)
-        self._stuck_timer.setInterval(STUCK_AFTER_MS)
-        self._stuck_timer.timeout.connect(self._check_stuck)
 
         self.setWindowTitle("torchmem")
         self.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
@@ -125,7 +103,7 @@ class MainWindow(QMainWindow):
         self._build_toolbar()
         self._build_menus()
         self._build_status_bar()
-        self._start_command_thread()
+        self._connect_runs()
         # From here on every cyclic collection of this process runs in the GUI thread.
         self._collector = GuiThreadCollector.acquire()
         self.bridge.changed.connect(self._on_changed)
@@ -455,10 +433,46 @@ class MainWindow(QMainWindow):
         sb.addPermanentWidget(self.samples_label)
         sb.addPermanentWidget(self.rate_spin)
 
-    def _start_command_thread(self) -> None:
-        self._command_worker = CommandWorker(lambda: self.target)
-        self._command_thread = start_in_thread(self._command_worker, "torchmem-commands")
-        self.command_requested.connect(self._command_worker.run)
+    def _connect_runs(self) -> None:
+        r = self.runs
+        r.attached_to.connect(self._on_attached)
+        r.attach_failed.connect(self._on_attach_failed)
+        r.errored.connect(self._on_worker_errored)
+        r.stuck_detected.connect(self._on_stuck)
+        r.ended.connect(self._on_run_ended)
+        r.abandoned_ended.connect(self._on_abandoned_ended)
+        r.rerun_due.connect(lambda: QTimer.singleShot(0, self.run))
+        r.inject_due.connect(self._attach_injected)
+
+    @Slot(int)
+    def _attach_injected(self, pid: int) -> None:
+        QTimer.singleShot(0, lambda: self.attach(pid, inject=True))
+
+    # -- what the run controller knows, as the window shows it ------------------------------
+    @property
+    def isolated(self) -> IsolatedSource:
+        """The source of runs in a separate process."""
+        return self.runs.isolated
+
+    @property
+    def target(self) -> Any:
+        """Where commands, stop and the rate go now."""
+        return self.runs.target
+
+    @property
+    def attached(self) -> AttachedRun | None:
+        """The attached run, if any."""
+        return self.runs.attached
+
+    @property
+    def stopping(self) -> bool:
+        """True from a stop request until the run has ended."""
+        return self.runs.stopping
+
+    @property
+    def stuck(self) -> bool:
+        """True when the run did not stop long after Stop (blocked in a C call)."""
+        return self.runs.stuck
 
     # -- settings -------------------------------------------------------------------------
     def _restore_settings(self) -> None:
@@ -533,8 +547,8 @@ class MainWindow(QMainWindow):
     # -- running scripts ------------------------------------------------------------------
     @property
     def running(self) -> bool:
-        """True while a script thread is alive."""
-        return self._script_thread is not None
+        """True while a script thread or an attach is alive."""
+        return self.runs.running
 
     def open_script_dialog(self) -> None:
         """Ask for a script and run it."""
@@ -600,7 +614,7 @@ class MainWindow(QMainWindow):
                 self.detach()
             else:
                 self.stop(confirm=False)
-            self._rerun_pending = True
+            self.runs.queue_rerun()
             self._update_actions()
             return True
         self.setWindowTitle(f"{Path(self.script).name} – torchmem")
@@ -613,7 +627,7 @@ class MainWindow(QMainWindow):
         """Show a message in the banner, the status bar and the log."""
         self.banner.show_message(text, severity)
         self.statusBar().showMessage(text.splitlines()[0], 15000)
-        self.session.submit(LogRecord(self.session.now(), Stream.TORCHMEM, text))
+        self.session.note(text)
 
     @Slot()
     def run(self) -> bool:
@@ -639,21 +653,10 @@ class MainWindow(QMainWindow):
         self._runs += 1
         self._clear_views()
         self.setWindowTitle(f"{Path(self.script).name} – torchmem")
-        isolated = self.act_isolated.isChecked() or self.source.abandoned
-        self.target = self.isolated if isolated else self.source
-        if self.source.abandoned and not self.act_isolated.isChecked():
-            self.session.note(
-                "this process still runs the abandoned script (blocked in a C call): "
-                "this run goes to a separate process"
-            )
-        self.tensors.referrers = getattr(self.target, "referrers", None)
-        worker = ScriptWorker(self.target, self.script, self.script_args, self.cwd)
-        worker.errored.connect(self._on_worker_errored)
-        self._script_worker = worker
-        worker.finished.connect(self._on_worker_finished)
-        self._script_thread = start_in_thread(
-            worker, "torchmem-script", worker.run, worker.finished
+        self.runs.start_script(
+            self.script, self.script_args, self.cwd, self.act_isolated.isChecked()
         )
+        self.tensors.referrers = getattr(self.target, "referrers", None)
         self._update_actions()
         return True
 
@@ -682,10 +685,7 @@ class MainWindow(QMainWindow):
                     != QMessageBox.Yes
                 ):
                     return
-            self.target.request_stop(grace_s=2.0)
-            self._stopping = True
-            self._stop_requested_at = time.monotonic()
-            self._stuck_timer.start()
+            self.runs.request_stop()
             self.run_label.setText("Stopping…")
             self._update_actions()
 
@@ -693,28 +693,16 @@ class MainWindow(QMainWindow):
     def rerun(self) -> None:
         """Stop the current run if any, then run again with the current arguments."""
         if self.running:
-            if not self._stopping:
+            if not self.stopping:
                 self.stop()
-            if self._stopping:  # a "No" to stopping an attached run re-runs nothing
-                self._rerun_pending = True
+            if self.stopping:  # a "No" to stopping an attached run re-runs nothing
+                self.runs.queue_rerun()
                 self.statusBar().showMessage("Re-run starts once the script has stopped", 10000)
         else:
             self.run()
 
-    @property
-    def stuck(self) -> bool:
-        """True when a stop was asked for long ago and the script still runs (blocked in a
-        C call: ``time.sleep``, ``input()``, I/O, a C extension)."""
-        return (
-            self.running
-            and self._stop_requested_at is not None
-            and time.monotonic() - self._stop_requested_at >= STUCK_AFTER_MS / 1000
-        )
-
     @Slot()
-    def _check_stuck(self) -> None:
-        if not self.stuck:
-            return
+    def _on_stuck(self) -> None:
         name = Path(self.script or "the script").name
         if self.target is self.source:
             self.banner.show_message(
@@ -740,38 +728,13 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def abandon_run(self) -> None:
-        """Let go of an in-process run that does not stop (see :meth:`stuck`)."""
-        worker, thread = self._script_worker, self._script_thread
-        if not isinstance(worker, ScriptWorker) or thread is None or self.target is not self.source:
-            return
-        steps = self.session.steps.steps
-        started = self.session.run_started.t if self.session.run_started else 0.0
-        self.source.abandon()
-        worker.finished.disconnect(self._on_worker_finished)
-        worker.finished.connect(self._on_abandoned_finished)
-        self._abandoned = (thread, worker)
-        self._script_thread = self._script_worker = None
-        self._stopping = False
-        self._rerun_pending = False
-        self._stuck_timer.stop()
-        self.session.submit(
-            RunFinished(
-                self.session.now(),
-                RunStatus.STOPPED,
-                EXIT_STOPPED,
-                f"abandoned at step {steps:,}: blocked in a C call, its thread ends when the "
-                "call returns; the next run goes to a separate process",
-                duration_s=self.session.now() - started,
-            )
-        )
+        """Let go of an in-process run that does not stop (see :attr:`stuck`)."""
+        self.runs.abandon()
         self.bridge.flush()
         self._update_actions()
 
-    @Slot(object)
-    def _on_abandoned_finished(self, _result: object) -> None:
-        if self._abandoned is not None:
-            wait_thread(self._abandoned[0], 5000)
-            self._abandoned = None
+    @Slot()
+    def _on_abandoned_ended(self) -> None:
         self.statusBar().showMessage("The abandoned script has ended at last", 10000)
         self._update_actions()
 
@@ -790,11 +753,7 @@ class MainWindow(QMainWindow):
     @Slot()
     def inject_agent(self) -> None:
         """Replace the outside watch of the attached process by an injected agent."""
-        run = self.attached
-        if run is None or run.has_agent:
-            return
-        self._inject_pid = run.pid
-        run.detach()  # attach again with injection once this watch has ended
+        self.runs.inject()
 
     def attach(self, pid: int, entries: list | None = None, inject: bool = False) -> bool:
         """Show process ``pid`` (and its ranks) in this window, following it in a QThread.
@@ -807,21 +766,10 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         self._runs += 1
         self._clear_views()
-        run = AttachedRun(self.session, pid, self.rate_spin.value(), entries, inject)
-        self.attached = run
-        self.target = run
+        run = self.runs.start_attach(pid, self.rate_spin.value(), entries, inject)
         self.tensors.referrers = run.referrers
         self.setWindowTitle(f"pid {pid} – torchmem")
         self.run_label.setText(f"Attaching to {pid}…")
-        worker = AttachWorker(run)
-        self._script_worker = worker
-        worker.attached.connect(self._on_attached)
-        worker.failed.connect(self._on_attach_failed)
-        worker.errored.connect(self._on_worker_errored)
-        worker.finished.connect(self._on_worker_finished)
-        self._script_thread = start_in_thread(
-            worker, "torchmem-attach", worker.run, worker.finished
-        )
         self._update_actions()
         return True
 
@@ -860,7 +808,7 @@ class MainWindow(QMainWindow):
     def detach(self) -> None:
         """Stop following the attached process (it carries on)."""
         if self.attached is not None:
-            self.attached.detach()
+            self.runs.detach()
             self.statusBar().showMessage("Detached", 5000)
 
     def _clear_views(self) -> None:
@@ -880,29 +828,12 @@ class MainWindow(QMainWindow):
             self.log.append_records([LogRecord(0, Stream.TORCHMEM, "─" * 60)])
         self.last_result = None
 
-    @Slot(object)
-    def _on_worker_finished(self, result: RunFinished | None) -> None:
-        thread = self._script_thread
-        if thread is not None:
-            wait_thread(thread, 5000)  # it quits by itself once the worker is done
-        self._script_thread = None
-        self._script_worker = None
-        if self.attached is not None:
-            if self.session.run_finished is None:
-                self.run_label.setText(f"Detached from {self.attached.label}")
-            self.attached = None
-        self.target = self.source
-        self._stuck_timer.stop()
-        self._stop_requested_at = None
-        if self._inject_pid is not None:
-            pid, self._inject_pid = self._inject_pid, None
-            QTimer.singleShot(0, lambda: self.attach(pid, inject=True))
+    @Slot(str)
+    def _on_run_ended(self, attached_label: str) -> None:
+        if attached_label and self.session.run_finished is None:
+            self.run_label.setText(f"Detached from {attached_label}")
         self.bridge.flush()
         self._update_actions()
-        self._stopping = False
-        if self._rerun_pending:
-            self._rerun_pending = False
-            QTimer.singleShot(0, self.run)
 
     # -- session events -------------------------------------------------------------------
     def _update_rank_combo(self) -> None:
@@ -933,12 +864,12 @@ class MainWindow(QMainWindow):
         if self.running and self.session.run_finished is None:
             steps = self.session.steps.steps
             what = f"Attached to {self.attached.label}" if self.attached else "Running"
-            if not self._stopping:
+            if not self.stopping:
                 self.run_label.setText(f"● {what} · step {steps:,} · {self.session.now():.1f} s")
-            elif self._stop_requested_at is not None:
-                waited = time.monotonic() - self._stop_requested_at
+            else:
                 self.run_label.setText(
-                    f"Stopping… {waited:.0f} s" + (" (blocked in a C call?)" if self.stuck else "")
+                    f"Stopping… {self.runs.stop_waited_s:.0f} s"
+                    + (" (blocked in a C call?)" if self.stuck else "")
                 )
 
     @Slot(list)
@@ -1034,19 +965,14 @@ class MainWindow(QMainWindow):
             )
             return
         self.statusBar().showMessage(f"{COMMAND_LABELS.get(name, name)}…")
-        if name == "gc_collect" and self.target is self.source:
-            # A collection in this process must run in the GUI thread (see gui_gc); it
-            # holds the GIL throughout, so the window would wait for it anyway.
-            self.source.command(name)
-            return
-        self.command_requested.emit(name)
+        self.runs.run_command(name)
 
     # -- state ----------------------------------------------------------------------------
     def _update_actions(self) -> None:
         running = self.running
         self.act_run.setEnabled(not running and self.script is not None)
-        self.act_stop.setEnabled(running and not self._stopping)
-        self.act_abandon.setEnabled(self.stuck and self.target is self.source)
+        self.act_stop.setEnabled(running and not self.stopping)
+        self.act_abandon.setEnabled(self.runs.can_abandon)
         self.act_rerun.setEnabled(self.script is not None and self.attached is None)
         self.act_attach.setEnabled(not running)
         self.act_detach.setEnabled(self.attached is not None)
@@ -1129,10 +1055,7 @@ class MainWindow(QMainWindow):
 
     @Slot(int)
     def _set_rate(self, hz: int) -> None:
-        self.source.sampler.set_rate(hz)
-        self.isolated.set_rate(hz)
-        if self.attached is not None:
-            self.attached.set_rate(hz)
+        self.runs.set_rate(hz)
 
     @Slot()
     def _toggle_x_mode(self) -> None:
@@ -1178,24 +1101,8 @@ class MainWindow(QMainWindow):
         A script already known to be blocked in a C call (or abandoned) is not waited for:
         the process exits at once (``force_exit_needed``).
         """
-        clean = self._abandoned is None
-        if self.stuck:
-            timeout_ms = 0
-        if self._script_thread is not None:
-            if self.attached is not None:
-                self.attached.detach()  # never stop a process we only watch
-            else:
-                self.target.request_stop(grace_s=1.0)
-            thread = self._script_thread
-            ended = wait_thread(thread, timeout_ms)
-            clean = clean and ended
-            if ended:
-                self._script_thread = None
-        self._command_thread.quit()
-        wait_thread(self._command_thread, 5000)
+        clean = self.runs.shutdown(timeout_ms)
         self.bridge.close()
-        self.source.close()
-        self.isolated.close()
         if self._collector is not None:
             GuiThreadCollector.release()
             self._collector = None

@@ -46,10 +46,11 @@ class ReadingsTable(QTableWidget):
 
     def refresh(self) -> None:
         """Update every row from the Session."""
-        latest = self.session.latest()
-        times = self.session.last_times()
+        latest = self.session.latest_timed()
         ended = self.session.run_finished is not None
-        reference = max((t for t in times.values() if math.isfinite(t)), default=self.session.now())
+        reference = max(
+            (t for _, _, t in latest.values() if math.isfinite(t)), default=self.session.now()
+        )
         if not ended:
             reference = max(reference, self.session.now())
         header = "Last" if ended else "Now"
@@ -57,7 +58,7 @@ class ReadingsTable(QTableWidget):
             self.horizontalHeaderItem(1).setText(header)
         grey = self.palette().color(QPalette.Disabled, QPalette.Text)
         normal = self.palette().color(QPalette.Text)
-        for key, (last, peak) in latest.items():
+        for key, (last, peak, when) in latest.items():
             row = self._rows.get(key)
             if row is None:
                 row = self._rows[key] = self.rowCount()
@@ -72,7 +73,7 @@ class ReadingsTable(QTableWidget):
                     cell.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                     self.setItem(row, col, cell)
             now_item = self.item(row, 1)
-            age = reference - times.get(key, math.nan)
+            age = reference - when
             if math.isnan(last):
                 now_item.setText("–")
             elif age > STALE_AFTER_S:

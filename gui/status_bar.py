@@ -34,4 +34,3 @@ class ElidingStatusBar(QStatusBar):
             shown = self.fontMetrics().elidedText(text, Qt.ElideRight, room)
         self.setToolTip(text if shown != text else "")
         super().showMessage(shown, timeout)
-

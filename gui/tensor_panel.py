@@ -23,9 +23,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from torchmem.census_model import KIND_LABELS, StorageInfo, TensorInfo
 from torchmem.events import CensusTaken
 from torchmem.session import Session
-from torchmem.tensor_census import KIND_LABELS, StorageInfo, TensorInfo, referrer_chain
+from torchmem.tensor_census import referrer_chain
 from torchmem.units import format_bytes
 
 from .tensor_model import TensorFilterProxy, TensorModel

@@ -357,13 +357,8 @@ def test_uss_is_read_with_the_rss_of_the_same_moment():
     assert 0 < out["cpu/uss"] <= out["cpu/rss"]
 
 
-def test_a_script_blocked_in_a_c_call_is_said_and_can_be_abandoned(
-    qtbot, window, script_path, monkeypatch
-):
-    import torchmem.gui.main_window as mw
-
-    monkeypatch.setattr(mw, "STUCK_AFTER_MS", 300)
-    window._stuck_timer.setInterval(300)
+def test_a_script_blocked_in_a_c_call_is_said_and_can_be_abandoned(qtbot, window, script_path):
+    window.runs.stuck_after_ms = 300
     window.load_script(script_path("blocked_in_c.py"), ["12"], run=True)
     qtbot.waitUntil(lambda: "blocked now" in log_text(window), timeout=RUN_TIMEOUT_MS)
     window.act_stop.trigger()
@@ -378,7 +373,7 @@ def test_a_script_blocked_in_a_c_call_is_said_and_can_be_abandoned(
     assert window.last_result.message.startswith("abandoned at step 0")
     assert "Stopped" in window.run_label.text()
     # The abandoned thread ends when sleep returns; nothing it says reaches this Session.
-    qtbot.waitUntil(lambda: window._abandoned is None, timeout=60_000)
+    qtbot.waitUntil(lambda: not window.runs.abandoned_alive, timeout=60_000)
     assert "woke up" not in log_text(window)
     assert window.session.run_finished.message.startswith("abandoned")
     assert not window.source.abandoned and not window.source.running

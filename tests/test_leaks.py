@@ -5,13 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from torchmem.events import Alert, CensusTaken, Marker, MarkerKind, RunStarted, Sample
-from torchmem.leaks import (
-    LeakDetector,
-    LeakSettings,
-    mann_kendall_p,
-    name_pattern,
-    theil_sen,
-)
+from torchmem.leak_culprits import name_pattern
+from torchmem.leak_stats import mann_kendall_p, theil_sen
+from torchmem.leaks import LeakDetector, LeakSettings
 
 MiB = 1 << 20
 
