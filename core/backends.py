@@ -173,18 +173,19 @@ class ProcessBackend(MemoryBackend):
 
     def read(self, out: dict[str, float], full: bool = True) -> None:
         now = time.monotonic()
-        rss = None
+        rss = uss = None
         if full and self._uss_ok and now >= self._next_uss:
             self._next_uss = now + self.uss_every_s
             try:
                 # USS and RSS of one moment (one read of smaps): a USS read earlier, next to
                 # an RSS read later, showed USS 3.3 GiB over RSS 356 MiB after a burst.
                 info = self.process.memory_full_info()
-                rss = info.rss
-                out["cpu/uss"] = float(min(info.uss, rss))
+                rss, uss = info.rss, min(info.uss, info.rss)
             except (psutil.AccessDenied, AttributeError, NotImplementedError):
                 self._uss_ok = False
         out["cpu/rss"] = float(rss if rss is not None else self.process.memory_info().rss)
+        if uss is not None:
+            out["cpu/uss"] = float(uss)
         if not full:
             return
         out["system/available"] = float(psutil.virtual_memory().available)

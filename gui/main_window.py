@@ -1006,9 +1006,8 @@ class MainWindow(QMainWindow):
         if alert.state == "active" and alert.step == alert.raised_step:
             text = f"⚠ {alert.kind.replace('_', ' ')}: {alert.message}"
             self.statusBar().showMessage(text, 30000)
-            self.log.append_records(
-                [LogRecord(alert.t, Stream.TORCHMEM, f"{text}\n  fix: {alert.suggestion}")]
-            )
+            fix = f"\n  fix: {alert.suggestion}" if alert.suggestion else ""
+            self.log.append_records([LogRecord(alert.t, Stream.TORCHMEM, text + fix)])
 
     def _update_alert_badge(self) -> None:
         count = self.alerts.active_count

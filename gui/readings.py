@@ -16,6 +16,10 @@ from .trace_plot import series_color
 
 #: A reading older than this (seconds) next to the others is shown with its age, greyed.
 STALE_AFTER_S = 3.5
+#: The same for series read every few seconds (USS): any reading not of the newest
+#: moment says how old it is, so that a USS read 2 s ago never stands next to this
+#: moment's RSS as if of the same moment.
+SPARSE_STALE_AFTER_S = 0.0
 
 
 class ReadingsTable(QTableWidget):
@@ -26,7 +30,7 @@ class ReadingsTable(QTableWidget):
     has ended the column reads "Last" (the values at its end).
     """
 
-    HEADERS = ("Series", "Now", "Peak", "of capacity")
+    HEADERS = ("Series", "Now", "Peak", "Share")
 
     def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(0, len(self.HEADERS), parent)
@@ -48,11 +52,9 @@ class ReadingsTable(QTableWidget):
         """Update every row from the Session."""
         latest = self.session.latest_timed()
         ended = self.session.run_finished is not None
-        reference = max(
-            (t for _, _, t in latest.values() if math.isfinite(t)), default=self.session.now()
-        )
-        if not ended:
-            reference = max(reference, self.session.now())
+        # Ages are counted from the newest reading of any series: a series that missed the
+        # latest reads is stale next to the others, whatever the sampler's own pace.
+        reference = max((t for _, _, t in latest.values() if math.isfinite(t)), default=0.0)
         header = "Last" if ended else "Now"
         if self.horizontalHeaderItem(1).text() != header:
             self.horizontalHeaderItem(1).setText(header)
@@ -76,8 +78,9 @@ class ReadingsTable(QTableWidget):
             age = reference - when
             if math.isnan(last):
                 now_item.setText("–")
-            elif age > STALE_AFTER_S:
-                now_item.setText(f"{format_bytes(last)} · {format_duration(age, coarse=True)} old")
+            elif age > (SPARSE_STALE_AFTER_S if _sparse(key) else STALE_AFTER_S):
+                old = format_duration(age, coarse=age >= 10)
+                now_item.setText(f"{format_bytes(last)} · {old}")
                 now_item.setForeground(grey)
                 now_item.setToolTip(
                     f"Last read {age:.1f} s before the newest reading: it may have changed since."
@@ -105,3 +108,8 @@ class ReadingsTable(QTableWidget):
         """(label, now, peak) as shown, for tests and copy."""
         row = self._rows[key]
         return tuple(self.item(row, c).text() for c in range(3))  # type: ignore[return-value]
+
+
+def _sparse(key: str) -> bool:
+    metric = split_key(key)[1]
+    return metric in METRICS and METRICS[metric].sparse

@@ -343,12 +343,18 @@ def test_a_stale_reading_is_never_shown_as_now(qtbot, window):
     _, rss_now, _ = window.readings.row_text("cpu/rss")
     _, uss_now, _ = window.readings.row_text("cpu/uss")
     assert rss_now == "356.0 MiB"
-    assert uss_now.endswith("18 s old"), uss_now
+    assert uss_now.endswith("· 18 s"), uss_now  # its age, greyed
     assert window.readings.horizontalHeaderItem(1).text() == "Last"  # the run has ended
     # Drawn as dots, one per reading, never as a line ramping between readings.
     window.plot.refresh(force=True)
     uss_curve = window.plot._curves["cpu/uss"]
     assert uss_curve.opts["pen"] is None and uss_curve.opts["symbol"] == "o"
+    # A USS read a moment before the newest RSS still says so: never two moments side by side.
+    s.submit(Sample(20.0, {"cpu/rss": 356 * 2**20, "cpu/uss": 340 * 2**20}))
+    s.submit(Sample(20.3, {"cpu/rss": 300 * 2**20}))
+    window.readings.refresh()
+    assert window.readings.row_text("cpu/uss")[1] == "340.0 MiB · 0.3 s"
+    assert window.readings.row_text("cpu/rss")[1] == "300.0 MiB"
 
 
 def test_uss_is_read_with_the_rss_of_the_same_moment():
