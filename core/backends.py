@@ -172,10 +172,9 @@ class ProcessBackend(MemoryBackend):
         self._uss_ok = True
 
     def read(self, out: dict[str, float], full: bool = True) -> None:
-        now = time.monotonic()
         rss = uss = None
-        if full and self._uss_ok and now >= self._next_uss:
-            self._next_uss = now + self.uss_every_s
+        if full and self._uss_ok and time.monotonic() >= self._next_uss:
+            self._next_uss = time.monotonic() + self.uss_every_s
             try:
                 # USS and RSS of one moment (one read of smaps): a USS read earlier, next to
                 # an RSS read later, showed USS 3.3 GiB over RSS 356 MiB after a burst.

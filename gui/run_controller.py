@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
 from torchmem.attach import AttachedRun
 from torchmem.events import RunFinished, RunStatus
@@ -70,6 +70,7 @@ class RunController(QObject):
         self._abandoned: tuple[QThread, ScriptWorker] | None = None
         self._stuck_timer = QTimer(self)
         self._stuck_timer.setSingleShot(True)
+        self._stuck_timer.setTimerType(Qt.PreciseTimer)  # a coarse one may fire 5 % early
         self._stuck_timer.timeout.connect(self._check_stuck)
         self._command_worker = CommandWorker(lambda: self.target)
         self._command_thread = start_in_thread(self._command_worker, "torchmem-commands")
@@ -226,6 +227,9 @@ class RunController(QObject):
     def _check_stuck(self) -> None:
         if self.stuck:
             self.stuck_detected.emit()
+        elif self.running and self.stopping:  # woken a little early: wait for the rest
+            left = self.stuck_after_ms - 1000 * self.stop_waited_s
+            self._stuck_timer.start(max(1, int(left) + 1))
 
     @Slot(object)
     def _on_finished(self, _result: RunFinished | None) -> None:

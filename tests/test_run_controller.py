@@ -53,3 +53,18 @@ def test_a_stuck_run_is_signalled_and_abandoning_frees_the_controller(qtbot, run
         pass
     assert not runs.abandoned_alive and not runs.source.abandoned
     assert runs.session.run_finished is result, "nothing of the abandoned run came after"
+
+
+def test_a_timer_that_wakes_early_still_detects_a_stuck_run(qtbot, runs, script_path):
+    runs.stuck_after_ms = 400
+    runs.start_script(script_path("blocked_in_c.py"), ["8"], None, isolated=False)
+    qtbot.waitUntil(
+        lambda: any("blocked now" in r.text for r in runs.session.logs), timeout=TIMEOUT_MS
+    )
+    runs.request_stop()
+    runs._stuck_timer.start(50)  # as a coarse timer may: long before the run counts as stuck
+    with qtbot.waitSignal(runs.stuck_detected, timeout=5_000):
+        pass
+    assert runs.stop_waited_s >= 0.4
+    runs.abandon()
+    qtbot.waitUntil(lambda: not runs.abandoned_alive, timeout=60_000)
