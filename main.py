@@ -24,6 +24,6 @@ def _map_checkout() -> None:
 if __name__ == "__main__":
     if importlib.util.find_spec("torchmem") is None:
         _map_checkout()
-    from torchmem.cli import main
+    from torchmem.cli.main import main
 
     sys.exit(main())

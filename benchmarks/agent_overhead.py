@@ -30,16 +30,16 @@ import torch
 from sampler_overhead import Monitored, make_loop, timed_block
 
 from torchmem.agent import Agent
-from torchmem.attach import agents_for
-from torchmem.discovery import find_agent
+from torchmem.sources.processes import agents_for
+from torchmem.transport.discovery import find_agent
 
 HERE = Path(__file__).resolve().parent
 SERVED = HERE.parent / "tests" / "scripts" / "served_train.py"
 
 VIEWER = """
 import os, sys, time
-from torchmem.attach import agents_for
-from torchmem.remote import RemoteSource
+from torchmem.sources.processes import agents_for
+from torchmem.sources.remote import RemoteSource
 from torchmem.session import Session
 parent = int(sys.argv[1])
 while True:
@@ -189,8 +189,8 @@ def latency(seconds: float) -> None:
 
     from torchmem.events import Sample
     from torchmem.gui.bridge import SessionBridge
-    from torchmem.remote import RemoteSource
     from torchmem.session import Session
+    from torchmem.sources.remote import RemoteSource
 
     app = _qt_app()
     proc = subprocess.Popen([sys.executable, str(SERVED), "--sleep", "0.02"],
@@ -255,7 +255,7 @@ def fleet(n: int, seconds: float) -> None:
 
     from torchmem.gui.main_window import MainWindow
     from torchmem.session import Session
-    from torchmem.source import InProcessSource
+    from torchmem.sources.inprocess import InProcessSource
 
     _qt_app()
     launcher = subprocess.Popen([sys.executable, "-c", FLEET, str(SERVED), str(n)])

@@ -20,7 +20,7 @@ from operator import attrgetter
 
 import torch
 
-from torchmem.tensor_census import take_census
+from torchmem.tensors.walk import take_census
 
 
 def bare_pass() -> int:

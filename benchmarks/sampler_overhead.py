@@ -21,11 +21,11 @@ import time
 import torch
 from torch import nn
 
-from torchmem.backends import discover_backends
-from torchmem.sampler import Sampler
+from torchmem.probe.backends import discover_backends
+from torchmem.probe.sampler import Sampler
+from torchmem.probe.steps import StepTracker
 from torchmem.session import Session
-from torchmem.source import InProcessSource
-from torchmem.steps import StepTracker
+from torchmem.sources.inprocess import InProcessSource
 
 
 def make_loop(batch: int = 64):

@@ -15,10 +15,10 @@ import sys as _sys
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from .steps import mark
+from torchmem.probe.steps import mark
 
 if _TYPE_CHECKING:
-    from .census_model import Census
+    from torchmem.tensors.model import Census
 
 
 def census(referrers: bool = True) -> Census:
@@ -29,7 +29,8 @@ def census(referrers: bool = True) -> Census:
         c = torchmem.census()
         print(c.total_bytes("cpu"), c.naive_bytes("cpu"))
     """
-    from .tensor_census import script_namespaces, take_census
+    from torchmem.tensors.namespaces import script_namespaces
+    from torchmem.tensors.walk import take_census
 
     caller = _sys._getframe(1)
     namespaces = [("", dict(caller.f_locals)), ("", caller.f_globals)]
@@ -43,7 +44,7 @@ def serve(hz: float = 10.0, listen: str | None = None, label: str = "") -> _Any:
     ``torchmem ps`` lists it and the window's Attach dialog (or ``torchmem attach PID``)
     connects to it. Returns the published entry. Safe to call more than once.
     """
-    from .serve import serve as _serve
+    from torchmem.serve import serve as _serve
 
     return _serve(hz, listen, label)
 

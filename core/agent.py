@@ -1,6 +1,6 @@
 """The agent: serves a process's memory to torchmem viewers over a private local socket.
 
-It wraps an :class:`~torchmem.source.InProcessSource` (the same sampler, step hooks,
+It wraps an :class:`~torchmem.sources.inprocess.InProcessSource` (the same sampler, step hooks,
 censuses, leak detector and commands a run in the window has) and forwards every event
 of its Session to subscribed viewers. Training never waits for a viewer: the Session
 listener only appends to a bounded queue; one daemon thread does all socket work, and a
@@ -33,9 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .commands import COMMANDS, HISTORY_COMMANDS
-from .discovery import (
+from torchmem import __version__
+from torchmem.events import AlertState, Event, Marker, MarkerKind, Sample
+from torchmem.probe.commands import COMMANDS
+from torchmem.session import Session
+from torchmem.sources.inprocess import InProcessSource
+from torchmem.transport.discovery import (
     AgentEntry,
     boot_id,
     process_start_ticks,
@@ -43,8 +46,7 @@ from .discovery import (
     runtime_dir,
     write_entry,
 )
-from .events import Event, Marker, MarkerKind, Sample
-from .protocol import (
+from torchmem.transport.protocol import (
     MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
     FrameError,
@@ -53,9 +55,7 @@ from .protocol import (
     encode,
     field,
 )
-from .session import Session
-from .source import InProcessSource
-from .wire import event_to_wire
+from torchmem.transport.wire import event_to_wire
 
 log = logging.getLogger(__name__)
 
@@ -72,20 +72,9 @@ MAX_QUEUED_BYTES = 32 * 1024 * 1024
 HELLO_TIMEOUT_S = 5.0
 MAX_VIEWERS = 32
 
-#: Requests answered in the agent thread at once, and those run by the command thread.
+#: Requests answered in the agent thread at once; every command (probe.commands.COMMANDS)
+#: runs in the command thread, one at a time.
 INLINE_REQUESTS = ("subscribe", "unsubscribe", "info", "set_rate", "ping")
-SLOW_REQUESTS = (
-    "census",
-    "gc_collect",
-    "empty_cache",
-    "reset_peaks",
-    "mark",
-    "stop",
-    "referrers",
-    "history_start",
-    "history_stop",
-    "snapshot",
-)
 
 
 def peer_uid(sock: socket.socket) -> int | None:
@@ -449,7 +438,7 @@ class Agent:
             return
         if name in INLINE_REQUESTS:
             self._inline(viewer, rid, name, args)
-        elif name in SLOW_REQUESTS:
+        elif name in COMMANDS:
             try:
                 self._requests.put_nowait((viewer.id, rid, name, args))
             except queue.Full:
@@ -510,7 +499,7 @@ class Agent:
         events.extend(heapq.merge(list(self._history), list(self._step_history), key=_time_of))
         events.extend(s.user_markers())
         events.extend(list(s.logs)[-1000:])
-        events.extend(a for a in s.alert_log if a.state == "active")
+        events.extend(a for a in s.alert_log if a.state is AlertState.ACTIVE)
         previous, latest = s.previous_census, s.census
         events.extend(c for c in (previous, latest) if c is not None)
         if s.run_finished is not None:
@@ -599,17 +588,17 @@ class Agent:
 
     def _run_request(self, name: str, args: dict[str, Any]) -> Any:
         source = self.source
-        if name in ("census", *COMMANDS, *HISTORY_COMMANDS):
+        if COMMANDS[name].measured:
             # The result reaches every viewer as an event, failed or not; an error reply
             # as well would tell the asking viewer twice.
-            result = source.command(name)
+            (result,) = source.command(name)
             return {"ok": result.ok, "message": result.message, "output": result.output}
         if name == "mark":
             label = args.get("label")
             if not isinstance(label, str) or not label.strip():
                 raise ValueError("mark needs a non-empty 'label'")
             label = label[:200]
-            kind = MarkerKind.EPOCH if label.lower().startswith("epoch") else MarkerKind.USER
+            kind = MarkerKind.of_label(label)
             source.emit(Marker(self.session.now(), kind, label, source.steps))
             return {"label": label}
         if name == "stop":
@@ -662,41 +651,9 @@ def _torch_version() -> str:
 
 def _referrers(args: dict[str, Any]) -> dict[str, Any]:
     """What keeps one tensor alive, found again from its census identity."""
-    from .census_model import TensorInfo
-    from .tensor_census import referrer_chain
+    from torchmem.tensors.referrers import referrers_of, tensor_identity
 
-    try:
-        device = str(args["device"])
-        probe = TensorInfo(
-            name="",
-            kind="plain",
-            shape=tuple(int(n) for n in args["shape"]),
-            stride=tuple(int(n) for n in args["stride"]),
-            storage_offset=int(args["offset"]),
-            dtype="",
-            device=device,
-            numel=0,
-            element_size=0,
-            span_bytes=0,
-            is_view=False,
-            is_contiguous=False,
-            requires_grad=False,
-            is_leaf=False,
-            grad_fn="",
-            pinned=False,
-            storage_key=(device, int(args["data_ptr"])),
-        )
-    except (KeyError, TypeError, ValueError):
-        raise ValueError("referrers needs device, data_ptr, shape, stride and offset") from None
-    tensor = probe.alive()
-    if tensor is None:
-        return {"alive": False, "chain": []}
-    try:
-        chain = referrer_chain(tensor)
-        grad_fn = type(tensor.grad_fn).__name__ if tensor.grad_fn is not None else ""
-    finally:
-        del tensor
-    return {"alive": True, "chain": chain, "grad_fn": grad_fn}
+    return referrers_of(tensor_identity(args))
 
 
 def _time_of(event: Sample | Marker) -> float:

@@ -34,6 +34,12 @@ class MarkerKind(str, Enum):
     EPOCH = "epoch"
     USER = "user"
 
+    @classmethod
+    def of_label(cls, label: str) -> MarkerKind:
+        """The kind of a user's mark: ``epoch …`` draws an epoch line, anything else a
+        user marker (the one rule for ``torchmem.mark`` and an agent's ``mark`` request)."""
+        return cls.EPOCH if label.lower().startswith("epoch") else cls.USER
+
 
 @dataclass(frozen=True, slots=True)
 class Marker:
@@ -118,7 +124,7 @@ class CommandResult:
 
 @dataclass(frozen=True, slots=True)
 class CensusTaken:
-    """A census of live tensors (a :class:`~torchmem.tensor_census.Census`), and when.
+    """A census of live tensors (a :class:`~torchmem.tensors.walk.Census`), and when.
 
     ``trigger`` says why it was taken: ``"user"`` (Refresh) or ``"step"`` (automatic, at a
     step boundary).
@@ -130,21 +136,53 @@ class CensusTaken:
     trigger: str = "user"
 
 
+class _Word(str, Enum):
+    """An enum whose members read as their value in text (``f"{kind}"`` is ``leak``)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class AlertKind(_Word):
+    """What an alert is about."""
+
+    LEAK = "leak"  # a series grows step after step
+    EPOCH_GROWTH = "epoch_growth"  # each epoch ends higher than the one before
+    CACHE_GROWTH = "cache_growth"  # the allocator's cache grows while allocations do not
+    CAPACITY = "capacity"  # a device is nearly full
+    ALLOC_RETRIES = "alloc_retries"  # the allocator had to free its cache and retry
+
+
+class Severity(_Word):
+    """How urgent an alert is."""
+
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class AlertState(_Word):
+    """Whether an alert still holds."""
+
+    ACTIVE = "active"
+    RESOLVED = "resolved"
+
+
 @dataclass(frozen=True, slots=True)
 class Alert:
     """A memory problem: raised once per ``key``, then updated in place, then resolved.
 
-    ``kind`` is ``leak``, ``epoch_growth``, ``cache_growth``, ``capacity`` or
-    ``alloc_retries``; ``severity`` ``warning`` or ``critical``; ``state`` ``active`` or
-    ``resolved``. ``culprits`` are plain dicts (name pattern, dtype, shape, grad_fn,
-    count and bytes per step, holder), so the alert can be written to JSON as it is.
+    ``culprits`` are plain dicts (name pattern, dtype, shape, grad_fn, count and bytes per
+    step, holder), so the alert can be written to JSON as it is.
     """
 
     t: float
     key: str
-    kind: str
-    severity: str
-    state: str
+    kind: AlertKind
+    severity: Severity
+    state: AlertState
     series: str
     first_step: int
     step: int

@@ -14,13 +14,13 @@ import threading
 import time
 from typing import Any
 
-from .agent import Agent, running_agent
-from .discovery import AgentEntry
-from .events import RunFinished, RunStarted, RunStatus
-from .runner import EXIT_STOPPED, classify_exception
-from .session import Session
-from .source import InProcessSource, active_source
-from .steps import ScriptStopped
+from torchmem.agent import Agent, running_agent
+from torchmem.events import RunFinished, RunStarted, RunStatus
+from torchmem.probe.runner import EXIT_STOPPED, classify_exception
+from torchmem.probe.steps import ScriptStopped
+from torchmem.session import Session
+from torchmem.sources.inprocess import InProcessSource, active_source
+from torchmem.transport.discovery import AgentEntry
 
 _served: Agent | None = None
 _served_lock = threading.Lock()

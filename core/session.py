@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from .events import (
+from torchmem.events import (
     Alert,
+    AlertState,
     CensusTaken,
     CommandResult,
     Event,
@@ -29,7 +30,8 @@ from .events import (
     Sample,
     Stream,
 )
-from .timeseries import SeriesBuffer, StepClock
+from torchmem.series import split_key
+from torchmem.timeseries import SeriesBuffer, StepClock
 
 Listener = Callable[[Event], None]
 
@@ -43,6 +45,9 @@ class Session:
         self._recent, self._buckets = recent, buckets
         self._max_log = max_log
         self.t0 = time.monotonic()
+        #: Alert keys the user muted: their alerts are dropped on arrival, whoever raised
+        #: them (this process's detector or an attached agent). Kept across runs.
+        self.muted: set[str] = set()
         self._init_state()
 
     def _init_state(self) -> None:
@@ -86,6 +91,16 @@ class Session:
             self._init_state()
 
     # -- events -----------------------------------------------------------------------
+    def mute(self, key: str) -> None:
+        """Stop showing alerts with this key (``leak:cpu/rss``): the current one goes, and
+        later ones are dropped on arrival."""
+        with self._lock:
+            self.muted.add(key)
+            self.alerts.pop(key, None)
+            kept = [a for a in self.alert_log if a.key != key]
+            self.alert_log = deque(kept, maxlen=self.alert_log.maxlen)
+            self.revision += 1
+
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` after each event is applied; returns an unsubscribe."""
         with self._lock:
@@ -100,6 +115,8 @@ class Session:
 
     def submit(self, event: Event) -> None:
         """Apply one event from any source and notify listeners (on the caller's thread)."""
+        if isinstance(event, Alert) and event.key in self.muted:
+            return
         with self._lock:
             self._apply(event)
             self.revision += 1
@@ -172,7 +189,7 @@ class Session:
         with self._lock:
             peaks: dict[str, float] = {}
             for key, buf in self.series.items():
-                device, metric = key.rpartition("/")[::2]
+                device, metric = split_key(key)
                 if metric == "rss":  # "cpu_rss", or "rank1/cpu_rss" for a rank of a job
                     peaks[f"{device}_rss"] = buf.peak
                 elif metric in ("peak_allocated", "allocated") and buf.count:
@@ -192,7 +209,7 @@ class Session:
     def raised_alerts(self) -> list[Alert]:
         """Every alert event that raised or updated an alert, oldest first."""
         with self._lock:
-            return [a for a in self.alert_log if a.state == "active"]
+            return [a for a in self.alert_log if a.state is AlertState.ACTIVE]
 
     def alert_list(self) -> list[Alert]:
         """Latest state of every alert raised so far, newest first."""

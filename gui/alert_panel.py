@@ -15,11 +15,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from torchmem.events import Alert
+from torchmem.events import Alert, AlertState, Severity
 from torchmem.session import Session
 from torchmem.units import format_bytes
 
-SEVERITY_COLORS = {"critical": "#d62728", "warning": "#ff7f0e"}
+SEVERITY_COLORS = {Severity.CRITICAL: "#d62728", Severity.WARNING: "#ff7f0e"}
 RESOLVED_COLOR = "#2ca02c"
 
 
@@ -70,7 +70,6 @@ class AlertPanel(QWidget):
         layout.addWidget(self.details, 1)
         layout.addLayout(buttons)
         self._alerts: list[Alert] = []
-        self.muted: set[str] = set()
         self._update_buttons()
 
     @property
@@ -83,13 +82,13 @@ class AlertPanel(QWidget):
         """Show the Session's alerts, newest first."""
         current = self.tree.currentItem()
         key = current.data(0, Qt.UserRole) if current else None
-        self._alerts = [a for a in self.session.alert_list() if a.key not in self.muted]
+        self._alerts = self.session.alert_list()  # muted ones never reach it
         self.tree.clear()
         for alert in self._alerts:
             growth = f"{format_bytes(alert.per_step, signed=True)}/step" if alert.per_step else ""
             item = QTreeWidgetItem(
                 [
-                    alert.severity if alert.state == "active" else "resolved",
+                    alert.severity if alert.state is AlertState.ACTIVE else "resolved",
                     alert.kind.replace("_", " "),
                     str(alert.first_step),
                     growth,
@@ -98,7 +97,7 @@ class AlertPanel(QWidget):
             )
             color = QColor(
                 SEVERITY_COLORS.get(alert.severity, "#7f7f7f")
-                if alert.state == "active"
+                if alert.state is AlertState.ACTIVE
                 else RESOLVED_COLOR
             )
             item.setForeground(0, QBrush(color))

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QApplication
 from torchmem.resources import demo_script
 from torchmem.resources import path as resource_path
 from torchmem.session import Session
-from torchmem.source import InProcessSource
+from torchmem.sources.inprocess import InProcessSource
 
 from .main_window import MainWindow
 from .theme import apply_theme
@@ -74,8 +74,8 @@ def main(opts: argparse.Namespace) -> int:
     if getattr(opts, "isolated", False):
         window.act_isolated.setChecked(True)
     if getattr(opts, "attach_entry", None):
-        from torchmem.attach import entry_from_file
-        from torchmem.client import AttachError
+        from torchmem.cli.attach import entry_from_file
+        from torchmem.transport.client import AttachError
 
         try:
             entry = entry_from_file(opts.attach_entry, opts.address)

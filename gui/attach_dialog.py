@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from torchmem.attach import ProcessInfo, list_processes
+from torchmem.sources.processes import ProcessInfo, list_processes
 from torchmem.units import format_bytes
 
 from .workers import start_in_thread, wait_thread
@@ -44,7 +44,7 @@ TIPS = (
 
 
 class ProcessModel(QAbstractTableModel):
-    """Rows of :class:`~torchmem.attach.ProcessInfo`."""
+    """Rows of :class:`~torchmem.sources.processes.ProcessInfo`."""
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)

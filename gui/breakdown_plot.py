@@ -14,8 +14,8 @@ from PySide6.QtCore import Qt, Slot
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from torchmem.census_model import KIND_LABELS, KINDS
 from torchmem.session import Session
+from torchmem.tensors.model import KIND_LABELS, KINDS
 from torchmem.units import UNITS, auto_unit, format_bytes
 
 KIND_COLORS = {

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from torchmem.leaks import LeakSettings
+from torchmem.leaks.detector import LeakSettings
 
 MiB = 1 << 20
 

@@ -6,7 +6,6 @@ import gc
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
@@ -26,10 +25,9 @@ from PySide6.QtWidgets import (
 )
 
 from torchmem import __version__
-from torchmem.attach import AttachedRun
-from torchmem.backends import scope_label
 from torchmem.events import (
     Alert,
+    AlertState,
     CensusTaken,
     CommandResult,
     LogRecord,
@@ -38,12 +36,15 @@ from torchmem.events import (
     RunStatus,
     Stream,
 )
-from torchmem.isolated import IsolatedSource
+from torchmem.probe.runner import ScriptError, validate_script
+from torchmem.probe.sampler import MAX_HZ, MIN_HZ
 from torchmem.resources import path as resource_path
-from torchmem.runner import ScriptError, validate_script
-from torchmem.sampler import MAX_HZ, MIN_HZ
+from torchmem.series import scope_label
 from torchmem.session import Session
-from torchmem.source import InProcessSource
+from torchmem.sources.attached import AttachedRun
+from torchmem.sources.base import Source
+from torchmem.sources.inprocess import InProcessSource
+from torchmem.sources.isolated import IsolatedSource
 from torchmem.units import format_duration
 
 from .alert_panel import AlertPanel
@@ -455,7 +456,7 @@ class MainWindow(QMainWindow):
         return self.runs.isolated
 
     @property
-    def target(self) -> Any:
+    def target(self) -> Source:
         """Where commands, stop and the rate go now."""
         return self.runs.target
 
@@ -500,7 +501,7 @@ class MainWindow(QMainWindow):
         idx = self.window_combo.findText(str(window))
         self.window_combo.setCurrentIndex(idx if idx >= 0 else 1)
         self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
-        self.source.leaks.settings = load_leak_settings(s)
+        self.source.configure_leaks(load_leak_settings(s))
         self.act_isolated.setChecked(s.value("run/isolated", False) in (True, "true"))
         auto = s.value("census/auto", True)
         self.tensors.auto_check.setChecked(auto not in (False, "false"))
@@ -656,7 +657,7 @@ class MainWindow(QMainWindow):
         self.runs.start_script(
             self.script, self.script_args, self.cwd, self.act_isolated.isChecked()
         )
-        self.tensors.referrers = getattr(self.target, "referrers", None)
+        self.tensors.referrers = self.target.referrers
         self._update_actions()
         return True
 
@@ -1003,7 +1004,7 @@ class MainWindow(QMainWindow):
     def _on_alert(self, alert: Alert) -> None:
         self.alerts.refresh()
         self._update_alert_badge()
-        if alert.state == "active" and alert.step == alert.raised_step:
+        if alert.state is AlertState.ACTIVE and alert.step == alert.raised_step:
             text = f"⚠ {alert.kind.replace('_', ' ')}: {alert.message}"
             self.statusBar().showMessage(text, 30000)
             fix = f"\n  fix: {alert.suggestion}" if alert.suggestion else ""
@@ -1025,21 +1026,20 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def mute_alert(self, key: str) -> None:
         """Stop reporting one alert signature in this session."""
-        self.source.leaks.muted.add(key)
-        self.alerts.muted.add(key)
+        self.session.mute(key)
         self.alerts.refresh()
         self._update_alert_badge()
         self.statusBar().showMessage(f"Muted {key}", 5000)
 
     def edit_leak_settings(self) -> None:
         """Edit the detector's thresholds; remembered in the settings."""
-        dialog = LeakSettingsDialog(self.source.leaks.settings, self.settings, self)
+        dialog = LeakSettingsDialog(self.source.leak_settings, self.settings, self)
         if dialog.exec():
-            self.source.leaks.settings = dialog.result_settings()
+            self.source.configure_leaks(dialog.result_settings())
 
     @Slot(bool)
     def _set_auto_census(self, enabled: bool) -> None:
-        self.source.census_schedule.enabled = enabled
+        self.source.set_auto_census(enabled)
         self.settings.setValue("census/auto", enabled)
 
     @Slot()

@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
-from torchmem.backends import METRICS, series_label, split_key
+from torchmem.series import METRICS, series_label, split_key
 from torchmem.session import Session
 from torchmem.units import format_bytes, format_duration
 

@@ -10,15 +10,15 @@ without a window.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
-from torchmem.attach import AttachedRun
 from torchmem.events import RunFinished, RunStatus
-from torchmem.isolated import IsolatedSource
-from torchmem.runner import EXIT_STOPPED
-from torchmem.source import InProcessSource
+from torchmem.probe.runner import EXIT_STOPPED
+from torchmem.sources.attached import AttachedRun
+from torchmem.sources.base import Source
+from torchmem.sources.inprocess import InProcessSource
+from torchmem.sources.isolated import IsolatedSource
 
 from .workers import AttachWorker, CommandWorker, ScriptWorker, start_in_thread, wait_thread
 
@@ -56,7 +56,7 @@ class RunController(QObject):
         self.isolated = IsolatedSource(self.session, source.sampler.hz)
         #: Where commands, stop and the rate go now: the in-process source, the isolated
         #: one while it runs a script, or the attached processes.
-        self.target: Any = source
+        self.target: Source = source
         self.attached: AttachedRun | None = None
         self.stuck_after_ms = STUCK_AFTER_MS
         self._thread: QThread | None = None
@@ -151,7 +151,7 @@ class RunController(QObject):
         """Ask the run to stop at its next step (the window has asked the user first)."""
         if not self.running:
             return
-        self.target.request_stop(grace_s=2.0)
+        self.target.request_stop()
         self._stop_requested_at = time.monotonic()
         self._stuck_timer.start(self.stuck_after_ms)
 
@@ -217,7 +217,7 @@ class RunController(QObject):
 
     def set_rate(self, hz: float) -> None:
         """The sampling rate of this process, the isolated child and the attached run."""
-        self.source.sampler.set_rate(hz)
+        self.source.set_rate(hz)
         self.isolated.set_rate(hz)
         if self.attached is not None:
             self.attached.set_rate(hz)
@@ -268,7 +268,7 @@ class RunController(QObject):
             if self.attached is not None:
                 self.attached.detach()  # never stop a process we only watch
             else:
-                self.target.request_stop(grace_s=1.0)
+                self.target.request_stop()
             ended = wait_thread(self._thread, timeout_ms)
             clean = clean and ended
             if ended:

@@ -20,7 +20,7 @@ from PySide6.QtCore import (
 )
 from PySide6.QtGui import QBrush, QColor
 
-from torchmem.census_model import KIND_LABELS, Census, StorageInfo, StorageKey, TensorInfo
+from torchmem.tensors.model import KIND_LABELS, Census, StorageInfo, StorageKey, TensorInfo
 from torchmem.units import format_bytes
 
 COLUMNS = ("Name", "Kind", "Bytes", "Shape", "Dtype", "Device", "Views", "grad_fn")

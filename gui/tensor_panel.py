@@ -23,10 +23,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from torchmem.census_model import KIND_LABELS, StorageInfo, TensorInfo
 from torchmem.events import CensusTaken
 from torchmem.session import Session
-from torchmem.tensor_census import referrer_chain
+from torchmem.tensors.model import KIND_LABELS, StorageInfo, TensorInfo
+from torchmem.tensors.referrers import referrers_of
 from torchmem.units import format_bytes
 
 from .tensor_model import TensorFilterProxy, TensorModel
@@ -245,8 +245,8 @@ def details_text(
 ) -> str:
     """The details shown for a storage or a tensor (plain text).
 
-    ``referrers`` asks another process (an attached or isolated run) what keeps the
-    tensor alive; without it the tensor is looked up in this process.
+    ``referrers`` is the source's lookup (:meth:`Source.referrers`: this process, or the
+    attached or isolated one's agent); without it the tensor is looked up here.
     """
     tensor = info.tensors[0] if isinstance(info, StorageInfo) and info.tensors else info
     lines = [f"Name: {info.name}"]
@@ -271,28 +271,20 @@ def details_text(
             f"0x{storage.key[1]:x}, viewed by {len(storage.tensors)} tensor(s): "
             + ", ".join(t.name for t in storage.tensors[:8])
         )
-    if referrers is not None and isinstance(tensor, TensorInfo):
-        try:
-            answer = referrers(tensor)
-        except Exception as exc:  # a lost connection: say so in the dialog
-            lines.append(f"\nWhat keeps it alive: cannot ask the process ({exc}).")
-            return "\n".join(lines)
-        if not answer.get("alive"):
-            lines.append("\nWhat keeps it alive: it has been freed since the census.")
-        else:
-            lines.append("\nWhat keeps it alive (nearest first):")
-            chain = [str(hop) for hop in answer.get("chain", [])]
-            lines += [f"  ← {hop}" for hop in chain] or ["  (nothing found in Python objects)"]
+    if not isinstance(tensor, TensorInfo):
         return "\n".join(lines)
-    alive = tensor.alive() if isinstance(tensor, TensorInfo) else None
-    if alive is None:
+    try:  # the one lookup, run where the tensor lives (an agent answers for its process)
+        answer = (referrers or referrers_of)(tensor)
+    except Exception as exc:  # a lost connection: say so in the dialog
+        lines.append(f"\nWhat keeps it alive: cannot ask the process ({exc}).")
+        return "\n".join(lines)
+    if not answer.get("alive"):
         lines.append(
             "\nWhat keeps it alive: it has been freed since the census "
             "(or lives only inside the autograd graph)."
         )
     else:
-        chain = referrer_chain(alive)
-        del alive
         lines.append("\nWhat keeps it alive (nearest first):")
+        chain = [str(hop) for hop in answer.get("chain", [])]
         lines += [f"  ← {hop}" for hop in chain] or ["  (nothing found in Python objects)"]
     return "\n".join(lines)

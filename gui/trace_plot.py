@@ -13,8 +13,8 @@ from PySide6.QtCore import QPointF, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QWidget
 
-from torchmem.backends import METRICS, series_label, split_key, split_scope
-from torchmem.events import MarkerKind
+from torchmem.events import MarkerKind, Severity
+from torchmem.series import METRICS, series_label, split_key, split_scope
 from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
 
@@ -401,7 +401,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         for alert in self.session.raised_alerts():
             if alert.key in self._alert_lines:
                 continue
-            color = "#d62728" if alert.severity == "critical" else "#ff7f0e"
+            color = "#d62728" if alert.severity is Severity.CRITICAL else "#ff7f0e"
             lines = []
             for i, plot in enumerate((*self.plots.values(), self.steps_plot)):
                 line = pg.InfiniteLine(

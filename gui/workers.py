@@ -13,8 +13,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, SignalInstance, Slot
 
-from torchmem.attach import AttachedRun
-from torchmem.client import AttachError
+from torchmem.sources.attached import AttachedRun
+from torchmem.transport.client import AttachError
 
 
 class ScriptWorker(QObject):

@@ -50,8 +50,8 @@ def main() -> int:
     # 1. The backend stays silent (no context) until the script initialises CUDA.
     r = python("""
         import torch
-        from torchmem.backends import discover_backends
-        from torchmem.sampler import Sampler
+        from torchmem.probe.backends import discover_backends
+        from torchmem.probe.sampler import Sampler
         s = Sampler(discover_backends(), lambda x: None)
         before = s.read()
         print(torch.cuda.is_initialized(), sorted(k for k in before if k.startswith('cuda')))
@@ -78,11 +78,11 @@ def main() -> int:
     r = python("""
         import torch
         from torchmem.session import Session
-        from torchmem.source import InProcessSource
+        from torchmem.sources.inprocess import InProcessSource
         src = InProcessSource(Session())
         x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); del x
-        print(src.command('empty_cache').message)
-        print(src.command('reset_peaks').message)
+        print(src.command('empty_cache')[0].message)
+        print(src.command('reset_peaks')[0].message)
     """)
     check(
         "empty_cache reports the released GiB", "reserved -1.00 GiB" in r.stdout, r.stdout.strip()
@@ -153,9 +153,9 @@ def main() -> int:
         try:
             child.stdout.readline()
             os.environ["TORCHMEM_RUNTIME_DIR"] = env["TORCHMEM_RUNTIME_DIR"]
-            from torchmem.discovery import find_agent
-            from torchmem.remote import RemoteSource
             from torchmem.session import Session
+            from torchmem.sources.remote import RemoteSource
+            from torchmem.transport.discovery import find_agent
 
             session = Session()
             remote = RemoteSource(session, find_agent(child.pid))

@@ -172,10 +172,10 @@ def make_window(qtbot, settings_path):
     def make(backends=None):
         from PySide6.QtCore import QSettings
 
-        from torchmem.backends import ProcessBackend
         from torchmem.gui.main_window import MainWindow
+        from torchmem.probe.backends import ProcessBackend
         from torchmem.session import Session
-        from torchmem.source import InProcessSource
+        from torchmem.sources.inprocess import InProcessSource
 
         source = InProcessSource(Session(), backends or [ProcessBackend()])
         window = MainWindow(source, QSettings(settings_path, QSettings.IniFormat))

@@ -15,11 +15,11 @@ import pytest
 from conftest import SCRIPTS
 from helpers import check_summary
 
-from torchmem.client import AttachError
-from torchmem.discovery import find_agent, list_agents
 from torchmem.events import CensusTaken, CommandResult, Marker, MarkerKind, RunStatus
-from torchmem.remote import RemoteSource
 from torchmem.session import Session
+from torchmem.sources.remote import RemoteSource
+from torchmem.transport.client import AttachError
+from torchmem.transport.discovery import find_agent, list_agents
 
 
 def start(args, env=None):
@@ -335,9 +335,9 @@ def test_cli_attach_snapshot_records_history_and_lists_the_file(
     stub_cuda, runtime_dir, tmp_path, monkeypatch, capsys
 ):
     from torchmem.agent import Agent
-    from torchmem.attach import attach_headless
-    from torchmem.backends import ProcessBackend, TorchAllocatorBackend
-    from torchmem.source import InProcessSource
+    from torchmem.cli.attach import attach_headless
+    from torchmem.probe.backends import ProcessBackend, TorchAllocatorBackend
+    from torchmem.sources.inprocess import InProcessSource
 
     monkeypatch.setenv("TORCHMEM_SNAPSHOT_DIR", str(tmp_path / "snaps"))
     source = InProcessSource(
@@ -390,7 +390,7 @@ def test_listing_never_deletes_a_live_agent_after_a_clock_step(runtime_dir):
     """Only an entry whose process is proven gone is removed, with its socket."""
     from dataclasses import replace
 
-    from torchmem.discovery import AgentEntry, process_start_ticks, write_entry
+    from torchmem.transport.discovery import AgentEntry, process_start_ticks, write_entry
 
     me = os.getpid()
     live = AgentEntry(

@@ -200,7 +200,7 @@ def test_an_error_while_following_ends_the_attach_and_says_so(
 ):
     """Every worker ends with finished: a watch whose process vanishes oddly never leaves
     the window stuck on "attached"."""
-    from torchmem.attach import AttachedRun
+    from torchmem.sources.attached import AttachedRun
 
     def vanished(self, *args, **kwargs):
         raise RuntimeError("the process table changed under us")

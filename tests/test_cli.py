@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, SCRIPTS
 from helpers import check_summary
 
-from torchmem.cli import gui_parser, main
+from torchmem.cli.main import gui_parser, main
 from torchmem.resources import demo_script
 
 
@@ -121,7 +121,7 @@ def test_demo_arguments_go_to_the_demo(monkeypatch):
 
 
 def test_ps_never_lists_a_viewer_but_lists_a_served_run():
-    from torchmem.attach import _is_viewer
+    from torchmem.sources.processes import _is_viewer
 
     assert _is_viewer(["/usr/bin/python3", "-m", "torchmem", "--demo"])
     assert _is_viewer(["/x/.venv/bin/python", "/x/.venv/bin/torchmem", "train.py"])

@@ -8,8 +8,8 @@ import pickle
 import re
 from pathlib import Path
 
-from torchmem.backends import ProcessBackend, TorchAllocatorBackend
-from torchmem.commands import (
+from torchmem.probe.backends import ProcessBackend, TorchAllocatorBackend
+from torchmem.probe.commands import (
     allocation_history,
     empty_cache,
     gc_collect,
@@ -17,7 +17,7 @@ from torchmem.commands import (
     save_snapshot,
 )
 from torchmem.session import Session
-from torchmem.source import InProcessSource
+from torchmem.sources.inprocess import InProcessSource
 
 
 def now():
@@ -77,10 +77,10 @@ def test_session_forgets_its_peaks_when_told(stub_cuda):
     stub_cuda.free(0, 500 << 20)
     source.sampler.sample()
     assert session.latest()["cuda:0/allocated"][1] == 512 << 20
-    result = source.command("reset_peaks")
+    (result,) = source.command("reset_peaks")
     assert result.ok and session.commands[-1] is result
     assert session.latest()["cuda:0/allocated"][1] == 12 << 20
-    assert source.command("bogus").ok is False
+    assert source.command("bogus")[0].ok is False
 
 
 def test_allocation_history_starts_stops_and_a_snapshot_lands_in_the_folder(
@@ -89,10 +89,10 @@ def test_allocation_history_starts_stops_and_a_snapshot_lands_in_the_folder(
     monkeypatch.setenv("TORCHMEM_SNAPSHOT_DIR", str(tmp_path / "snaps"))
     session = Session()
     source = InProcessSource(session, [ProcessBackend(), TorchAllocatorBackend(stub_cuda, "cuda")])
-    started = source.command("history_start")
+    (started,) = source.command("history_start")
     assert started.ok and "100,000 events" in started.message
     assert stub_cuda.memory.recording == 100_000
-    snap = source.command("snapshot")
+    (snap,) = source.command("snapshot")
     assert snap.ok and session.commands[-1] is snap
     path = Path(snap.output)
     assert path.parent == tmp_path / "snaps" and path.name.startswith(f"snapshot-{os.getpid()}-")
@@ -100,7 +100,7 @@ def test_allocation_history_starts_stops_and_a_snapshot_lands_in_the_folder(
     with path.open("rb") as f:
         assert pickle.load(f)["device_traces"] == [[{"action": "alloc"}]]
     assert str(path) in snap.message and "memory_viz" in snap.message
-    stopped = source.command("history_stop")
+    (stopped,) = source.command("history_stop")
     assert stopped.ok and stub_cuda.memory.recording is None
     assert stub_cuda.calls[-1] == "record_history(None, 1)"
 

@@ -12,7 +12,7 @@ QT = ("PySide6", "pyqtgraph", "shiboken6", "superqt")
 
 def test_import_torchmem_loads_no_qt():
     code = (
-        "import sys, torchmem, torchmem.cli, torchmem.headless, torchmem.source\n"
+        "import sys, torchmem, torchmem.cli.main, torchmem.cli.run, torchmem.sources.inprocess\n"
         "torchmem.mark('outside torchmem: a no-op')\n"
         f"bad = [m for m in sys.modules if m.split('.')[0] in {QT!r}]\n"
         "print(bad)\n"

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PySide6.QtWidgets import QApplication
 
-from torchmem.backends import ProcessBackend, TorchAllocatorBackend
 from torchmem.events import RunStatus, Sample
 from torchmem.gui.bridge import REDRAW_HZ
 from torchmem.gui.theme import apply_theme
+from torchmem.probe.backends import ProcessBackend, TorchAllocatorBackend
 from torchmem.resources import demo_script
 
 RUN_TIMEOUT_MS = 120_000
@@ -291,9 +291,7 @@ def test_dark_theme_darkens_the_plots_and_keeps_every_text_readable(window):
     window.plot.refresh(force=True)  # the legend has entries before the switch
 
     def text_lightness():
-        legend = [
-            QColor(label.opts["color"]).lightness() for _, label in window.plot.legend.items
-        ]
+        legend = [QColor(label.opts["color"]).lightness() for _, label in window.plot.legend.items]
         html = [label.item.toHtml() for _, label in window.plot.legend.items]
         return legend, html, window.plot.steps_label.color.lightness()
 
@@ -401,8 +399,10 @@ def test_opening_a_script_while_one_runs_asks_and_keeps_the_title_true(
     assert window.load_script(script_path("ok_print.py"), ["quoted arg"], run=True)
     # The running script stops first; the new one runs after it, and only then is named.
     qtbot.waitUntil(
-        lambda: window.session.run_started is not None
-        and window.session.run_started.script.endswith("ok_print.py"),
+        lambda: (
+            window.session.run_started is not None
+            and window.session.run_started.script.endswith("ok_print.py")
+        ),
         timeout=RUN_TIMEOUT_MS,
     )
     assert window.windowTitle().startswith("ok_print.py")

@@ -12,9 +12,9 @@ from conftest import SCRIPTS
 from helpers import check_summary
 from test_agent import start, wait_until
 
-from torchmem.inject import InjectError, inject_agent
-from torchmem.remote import RemoteSource
 from torchmem.session import Session
+from torchmem.sources.remote import RemoteSource
+from torchmem.transport.inject import InjectError, inject_agent
 
 pytestmark = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
 

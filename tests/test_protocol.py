@@ -19,16 +19,6 @@ from test_agent import start, wait_for_agent, wait_until
 
 from torchmem import agent as agent_module
 from torchmem.agent import Agent, peer_allowed, peer_uid
-from torchmem.backends import ProcessBackend
-from torchmem.client import AttachError, connect_socket
-from torchmem.discovery import (
-    AgentEntry,
-    DiscoveryError,
-    check_private_dir,
-    find_agent,
-    read_entry,
-    runtime_dir,
-)
 from torchmem.events import (
     Alert,
     CensusTaken,
@@ -42,18 +32,28 @@ from torchmem.events import (
     Sample,
     Stream,
 )
-from torchmem.protocol import (
+from torchmem.probe.backends import ProcessBackend
+from torchmem.session import Session
+from torchmem.sources.inprocess import InProcessSource
+from torchmem.sources.remote import RemoteSource
+from torchmem.tensors.walk import take_census
+from torchmem.transport.client import AttachError, connect_socket
+from torchmem.transport.discovery import (
+    AgentEntry,
+    DiscoveryError,
+    check_private_dir,
+    find_agent,
+    read_entry,
+    runtime_dir,
+)
+from torchmem.transport.protocol import (
     MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
     FrameReader,
     ProtocolError,
     encode,
 )
-from torchmem.remote import RemoteSource
-from torchmem.session import Session
-from torchmem.source import InProcessSource
-from torchmem.tensor_census import take_census
-from torchmem.wire import event_from_wire, event_to_wire
+from torchmem.transport.wire import event_from_wire, event_to_wire
 
 
 # -- frames and events ----------------------------------------------------------------------
@@ -119,12 +119,26 @@ def test_every_event_type_survives_the_wire():
     "data",
     [
         None,
-        {"e": "sample", "t": 1.0, "v": {"x": "not a number"}},
-        {"e": "sample", "t": True, "v": {}},
-        {"e": "marker", "t": 1.0, "k": "nonsense", "l": "", "s": 0},
+        {"e": "sample", "t": 1.0, "values": {"x": "not a number"}},
+        {"e": "sample", "t": True, "values": {}},
+        {"e": "sample", "t": 1.0, "values": {"x": 1.0}, "step": True},
+        {"e": "sample", "t": 1.0},
+        {"e": "marker", "t": 1.0, "kind": "nonsense", "label": "", "step": 0},
+        {"e": "run_started", "t": 1.0, "script": "a.py", "argv": ["x", 2]},
         {"e": "run_finished", "t": 1.0, "status": "finished"},
         {"e": "census", "t": 1.0, "step": 0, "trigger": "user", "census": {"storages": [[1]]}},
         {"e": "alert", "t": 1.0},
+        {
+            "e": "census",
+            "t": 1.0,
+            "step": 0,
+            "census": {
+                "storages": [["cpu", 1, 8, [[1]]]],
+                "skipped": [],
+                "duration_s": 0,
+                "step": 0,
+            },
+        },
         {
             "e": "command",
             "t": 1.0,

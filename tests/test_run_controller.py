@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from torchmem.backends import ProcessBackend
 from torchmem.events import RunStatus
 from torchmem.gui.run_controller import RunController
+from torchmem.probe.backends import ProcessBackend
 from torchmem.session import Session
-from torchmem.source import InProcessSource
+from torchmem.sources.inprocess import InProcessSource
 
 TIMEOUT_MS = 120_000
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from torchmem.events import LogRecord, Marker, MarkerKind, RunFinished, RunStatus, Stream
-from torchmem.runner import EXIT_STOPPED, ScriptError, ScriptRunner, validate_script
+from torchmem.probe.runner import EXIT_STOPPED, ScriptError, ScriptRunner, validate_script
 from torchmem.session import Session
 
 
@@ -245,7 +245,7 @@ def test_a_forked_child_prints_while_another_thread_holds_the_log_lock(tmp_path)
 def test_one_classifier_says_out_of_memory_for_every_backend():
     import torch
 
-    from torchmem.runner import classify_exception
+    from torchmem.probe.runner import classify_exception
 
     for exc in (
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),

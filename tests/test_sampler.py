@@ -6,13 +6,13 @@ import threading
 
 import numpy as np
 
-from torchmem.backends import (
+from torchmem.probe.backends import (
     MemoryBackend,
     ProcessBackend,
     TorchAllocatorBackend,
     discover_backends,
 )
-from torchmem.sampler import Sampler, clamp_rate
+from torchmem.probe.sampler import Sampler, clamp_rate
 
 
 class Counting(MemoryBackend):

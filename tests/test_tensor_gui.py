@@ -6,15 +6,15 @@ import pytest
 import torch
 from PySide6.QtCore import QModelIndex, QSettings, Qt
 
-from torchmem.backends import ProcessBackend
 from torchmem.events import CensusTaken
 from torchmem.gui.main_window import MainWindow
 from torchmem.gui.tensor_model import TensorFilterProxy, TensorModel
 from torchmem.gui.tensor_panel import TensorDetails, details_text
+from torchmem.probe.backends import ProcessBackend
 from torchmem.resources import demo_script
 from torchmem.session import Session
-from torchmem.source import InProcessSource
-from torchmem.tensor_census import take_census
+from torchmem.sources.inprocess import InProcessSource
+from torchmem.tensors.walk import take_census
 
 RUN_TIMEOUT_MS = 120_000
 
@@ -210,10 +210,10 @@ def test_a_leak_raises_an_alert_marked_on_the_traces_and_leads_to_its_culprits(q
 def test_leak_settings_are_applied_and_remembered(qtbot, window):
     from torchmem.gui.leak_settings import LeakSettingsDialog, load_leak_settings
 
-    dialog = LeakSettingsDialog(window.source.leaks.settings, window.settings, window)
+    dialog = LeakSettingsDialog(window.source.leak_settings, window.settings, window)
     dialog.mib.setValue(4.0)
     dialog.warmup.setValue(12)
-    window.source.leaks.settings = dialog.result_settings()
-    assert window.source.leaks.settings.abs_per_step == 4 << 20
+    window.source.configure_leaks(dialog.result_settings())
+    assert window.source.leak_settings.abs_per_step == 4 << 20
     again = load_leak_settings(window.settings)
     assert again.warmup_steps == 12 and again.abs_per_step == 4 << 20

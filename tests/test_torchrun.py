@@ -12,7 +12,8 @@ from conftest import SCRIPTS
 from helpers import check_summary
 from test_agent import start, wait_until
 
-from torchmem.attach import agents_for, attach_headless
+from torchmem.cli.attach import attach_headless
+from torchmem.sources.processes import agents_for
 
 pytestmark = pytest.mark.slow
 
@@ -77,8 +78,8 @@ def test_attach_to_the_launcher_follows_both_ranks_and_survives_a_dead_rank(runt
         assert data["samples"] > 20
 
         # A rank killed while attached: shown as ended, the other rank still followed.
-        from torchmem.attach import AttachedRun
         from torchmem.session import Session
+        from torchmem.sources.attached import AttachedRun
 
         session = Session()
         run = AttachedRun(session, proc.pid)

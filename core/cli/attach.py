@@ -1,0 +1,122 @@
+"""``torchmem attach``: follow an attached process headless, then print and write a summary."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from torchmem.cli.summary import build_summary, rank_row, write_summary
+from torchmem.session import Session
+from torchmem.sources.attached import AttachedRun
+from torchmem.transport.client import AttachError
+from torchmem.transport.discovery import AgentEntry
+from torchmem.units import format_bytes
+
+
+def entry_from_file(path: str, address: str | None = None) -> AgentEntry:
+    """An agent entry copied from another machine, reached at ``address`` (the local end
+    of an SSH-forwarded socket). Raises AttachError with what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+        entry = AgentEntry(**data)
+    except OSError as exc:
+        raise AttachError(f"cannot read the agent entry {path}: {exc.strerror}") from None
+    except (ValueError, TypeError):
+        raise AttachError(f"{path} is not a torchmem agent entry (agent-PID.json)") from None
+    if address:
+        entry.address = address
+    return entry
+
+
+def attach_headless(
+    pid: int,
+    duration: float | None = None,
+    summary_path: str | None = None,
+    hz: float = 10.0,
+    quiet: bool = False,
+    entries: list[AgentEntry] | None = None,
+    inject: bool = False,
+    snapshot: bool = False,
+) -> int:
+    """``torchmem attach``: collect for ``duration`` seconds (or until the process ends)
+    and optionally write ``{"pid", "injected", "samples", "peak_bytes", "ranks"}``.
+
+    With ``snapshot``, CUDA allocation history is recorded while attached and a
+    memory_viz snapshot written by each process at the end (listed as ``"snapshots"``).
+    """
+    session = Session()
+    run = AttachedRun(session, pid, hz, entries, inject)
+    try:
+        run.connect()
+    except AttachError as exc:
+        sys.stderr.write(f"torchmem: {exc}\n")
+        return 1
+    if snapshot and not run.remotes:
+        run.close()
+        sys.stderr.write(
+            f"torchmem: --snapshot needs an agent in process {pid}: start it with "
+            "torchmem.serve() or `torchmem run --attachable`, or add --inject\n"
+        )
+        return 1
+    recording = False
+    if snapshot:
+        started = run.command("history_start")
+        for result in started:
+            if not result.ok:
+                sys.stderr.write(f"torchmem: no snapshot: {result.message}\n")
+        recording = any(result.ok for result in started)
+    if not quiet:
+        if not run.remotes:
+            what = "from outside: no agent, so RSS and GPU memory only"
+        elif len(run.remotes) == 1:
+            argv = run.remotes[0].entry.argv
+            what = ("injected agent: " if run.injected else "agent: ") + " ".join(argv)[:80]
+        else:
+            what = f"{len(run.remotes)} processes: " + ", ".join(r.label for r in run.remotes)
+        sys.stderr.write(
+            f"torchmem: attached to pid {pid} ({what})"
+            + (f" for {duration:g} s" if duration else " until it ends (Ctrl+C to detach)")
+            + "\n"
+        )
+    attached_at = time.monotonic()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C detaches; the summary is still written
+        run.follow(duration, close=False)
+    snapshots = _save_snapshots(run) if recording else []
+    run.close()
+    data = build_summary(
+        "attach",
+        session,
+        pid=pid,
+        injected=run.injected,
+        attached="agent" if run.remotes else "process",
+        duration_s=round(time.monotonic() - attached_at, 3),
+        ranks=[rank_row(r) for r in run.remotes],
+    )
+    if snapshot:
+        data["snapshots"] = snapshots
+    if not quiet:
+        for path in snapshots:
+            sys.stderr.write(f"torchmem: memory snapshot {path} (open it on memory_viz)\n")
+        peaks = ", ".join(f"{k} {format_bytes(v)}" for k, v in data["peak_bytes"].items())
+        sys.stderr.write(
+            f"torchmem: detached after {data['samples']} samples; peaks: {peaks or 'none'}\n"
+        )
+    if summary_path and not write_summary(summary_path, data):
+        return 1
+    return 0
+
+
+def _save_snapshots(run: AttachedRun) -> list[str]:
+    """Ask each attached process still running for a snapshot, then stop its recording;
+    the files written, as paths on that process's machine."""
+    paths = []
+    for result in run.command("snapshot"):
+        if result.ok:
+            paths.append(result.output)
+        else:
+            sys.stderr.write(f"torchmem: no snapshot: {result.message}\n")
+    run.command("history_stop")
+    return paths

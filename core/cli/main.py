@@ -1,0 +1,321 @@
+"""The ``torchmem`` command line.
+
+    torchmem [OPTIONS] [SCRIPT [ARGS...]]          open the window, run SCRIPT in it
+    torchmem --demo [DEMO ARGS...]                 open the window on the bundled demo
+    torchmem run [OPTIONS] SCRIPT [ARGS...]        headless: run with monitoring, no Qt
+    torchmem run [OPTIONS] -- COMMAND...           any command (torchrun), agents in each rank
+    torchmem ps [--json]                           processes to attach to
+    torchmem attach [OPTIONS] PID                  headless: collect from a running process
+
+torchmem's own options come before the script; everything after the script is the
+script's, as with ``python`` itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from torchmem import __version__
+from torchmem.probe.sampler import MAX_HZ, MIN_HZ
+
+
+def _rate(text: str) -> float:
+    try:
+        hz = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not MIN_HZ <= hz <= MAX_HZ:
+        raise argparse.ArgumentTypeError(f"must be between {MIN_HZ:g} and {MAX_HZ:g} Hz")
+    return hz
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hz", type=_rate, default=10.0, help="sampling rate, 1-100 Hz (10)")
+    parser.add_argument("--cwd", help="working directory for the script (default: unchanged)")
+
+
+def gui_parser() -> argparse.ArgumentParser:
+    """Parser of the window's command line."""
+    p = argparse.ArgumentParser(
+        prog="torchmem",
+        description="Live monitor for PyTorch memory. Opens a window and runs SCRIPT in it. "
+        "Headless: 'torchmem run --help'.",
+        epilog="Examples: torchmem train.py --lr 0.1 | torchmem --demo --leak | "
+        "torchmem run --summary out.json train.py | torchmem --attach 4242",
+    )
+    p.add_argument("--version", action="version", version=f"torchmem {__version__}")
+    p.add_argument("--demo", action="store_true", help="run the bundled demo training script")
+    p.add_argument(
+        "--attach", type=int, metavar="PID", help="show a running process (see `torchmem ps`)"
+    )
+    p.add_argument(
+        "--attach-entry",
+        metavar="JSON",
+        help="show an agent of another machine: its entry file, reached at --address",
+    )
+    p.add_argument("--address", metavar="SOCKET", help="the forwarded socket of --attach-entry")
+    p.add_argument(
+        "--isolated",
+        action="store_true",
+        help="run the script in a child process (for signals, DataLoader workers, crashes)",
+    )
+    _common(p)
+    p.add_argument("--screenshot", metavar="PNG", help=argparse.SUPPRESS)
+    p.add_argument("--screenshot-after", type=int, default=20, help=argparse.SUPPRESS)
+    p.add_argument("script", nargs="?", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return p
+
+
+def run_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem run``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem run",
+        description="Run SCRIPT with monitoring and no window; exit with its exit code.",
+    )
+    p.add_argument("--summary", metavar="JSON", help="write a JSON summary of the run here")
+    p.add_argument("--quiet", action="store_true", help="no closing line unless the run fails")
+    p.add_argument(
+        "--fail-on-leak",
+        action="store_true",
+        help="exit with code 4 when a leak alert fired (for CI), unless the script failed",
+    )
+    p.add_argument(
+        "--attachable",
+        action="store_true",
+        help="start the agent so that `torchmem attach` and the window can attach to the run",
+    )
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="(implies --attachable) serve on TCP instead of a private Unix socket; anything "
+        "but 127.0.0.1 is reachable from other machines: prefer SSH socket forwarding",
+    )
+    p.add_argument(
+        "--wait-attach",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="(implies --attachable) wait up to S seconds for a viewer before starting the "
+        "script, so that nothing of a short run is missed",
+    )
+    _common(p)
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return p
+
+
+def command_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem run [OPTIONS] -- COMMAND`` (the options before ``--``)."""
+    p = argparse.ArgumentParser(
+        prog="torchmem run [OPTIONS] --",
+        description="Run any COMMAND (torchrun, a shell script, python -m ...) with an agent in "
+        "every Python process of it that imports torch; exit with its exit code.",
+        epilog="Example: torchmem run -- torchrun --nproc_per_node=2 train.py",
+    )
+    p.add_argument("--summary", metavar="JSON", help="write a JSON summary (every rank) here")
+    p.add_argument("--quiet", action="store_true", help="no closing line unless it fails")
+    p.add_argument("--hz", type=_rate, default=10.0, help="sampling rate of the agents")
+    return p
+
+
+def ps_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem ps``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem ps",
+        description="List processes torchmem can attach to: live agents, and your other "
+        "Python processes that have torch loaded.",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON (tokens are never shown)")
+    p.add_argument("--agents", action="store_true", help="only processes with an agent")
+    return p
+
+
+def attach_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem attach``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem attach",
+        description="Collect memory readings from a running process, headless. With an agent "
+        "(torchmem.serve(), torchmem run --attachable) everything is collected; without one, "
+        "RSS and the GPU memory the driver reports. A torchrun launcher's pid attaches to "
+        "every rank.",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        metavar="S",
+        help="seconds to collect (default: until the process ends or Ctrl+C)",
+    )
+    p.add_argument("--summary", metavar="JSON", help="write a JSON summary here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--hz", type=_rate, default=10.0, help="rate when watching from outside")
+    p.add_argument(
+        "--inject",
+        action="store_true",
+        help="(experimental) start the agent inside a process that has none, through gdb "
+        "(Python < 3.14) or sys.remote_exec; needs permission to trace it",
+    )
+    p.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="(CUDA) record allocation history while attached, and at the end write a "
+        "memory snapshot per process for https://pytorch.org/memory_viz (needs an agent)",
+    )
+    p.add_argument(
+        "--entry",
+        metavar="JSON",
+        help="an agent entry copied from another machine (agent-PID.json), with --address",
+    )
+    p.add_argument(
+        "--address", metavar="SOCKET", help="where that agent is reached: a forwarded socket"
+    )
+    p.add_argument("pid", type=int, nargs="?", help="the process id (see `torchmem ps`)")
+    return p
+
+
+def _ps(argv: list[str]) -> int:
+    import json
+
+    from torchmem.sources.processes import list_processes
+    from torchmem.units import format_bytes
+
+    opts = ps_parser().parse_args(argv)
+    rows = list_processes(include_plain=not opts.agents)
+    if opts.json:
+        print(json.dumps([r.to_json() for r in rows], indent=2))
+        return 0
+    if not rows:
+        print(
+            "No processes to attach to. Start a run with `torchmem run --attachable "
+            "SCRIPT`, or add `torchmem.serve()` to a script."
+        )
+        return 0
+    print(f"{'PID':>8}  {'AGENT':<6} {'RANK':<6} {'RSS':>10} {'GPU':>10}  COMMAND")
+    for r in rows:
+        rank = (
+            f"{r.agent.rank}/{r.agent.world_size}" if r.agent and r.agent.rank is not None else "-"
+        )
+        gpu = format_bytes(r.gpu_bytes) if r.gpu_bytes is not None else "-"
+        cmd = " ".join(r.cmdline)[:100]
+        agent = "yes" if r.agent else "no"
+        print(f"{r.pid:>8}  {agent:<6} {rank:<6} {format_bytes(r.rss):>10} {gpu:>10}  {cmd}")
+    return 0
+
+
+#: The subcommands, for the message about an unknown one.
+COMMANDS = ("run", "ps", "attach")
+
+
+def _has_display() -> bool:
+    """True where Qt can open a window: an X or Wayland display, a platform chosen by
+    hand (offscreen, vnc), or a system without X (macOS, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``torchmem`` command; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["ps"]:
+        return _ps(argv[1:])
+    if argv[:1] == ["attach"]:
+        opts = attach_parser().parse_args(argv[1:])
+        from torchmem.cli.attach import attach_headless, entry_from_file
+        from torchmem.transport.client import AttachError
+
+        if opts.duration is not None and opts.duration <= 0:
+            attach_parser().error("--duration must be positive")
+        entries = None
+        if opts.entry:
+            try:
+                entries = [entry_from_file(opts.entry, opts.address)]
+            except AttachError as exc:
+                print(f"torchmem: {exc}", file=sys.stderr)
+                return 2
+        elif opts.pid is None:
+            attach_parser().error("give a PID (see `torchmem ps`), or --entry and --address")
+        pid = entries[0].pid if entries else opts.pid
+        return attach_headless(
+            pid,
+            opts.duration,
+            opts.summary,
+            opts.hz,
+            opts.quiet,
+            entries,
+            opts.inject,
+            opts.snapshot,
+        )
+    if argv[:1] == ["run"] and "--" in argv:
+        # `torchmem run [OPTIONS] -- COMMAND...`: any command, an agent in each torch process.
+        cut = argv.index("--")
+        opts = command_parser().parse_args(argv[1:cut])
+        command = argv[cut + 1 :]
+        if not command:
+            command_parser().error("give a command after --, e.g. -- torchrun train.py")
+        from torchmem.cli.launch import run_command
+
+        return run_command(command, opts.summary, opts.hz, opts.quiet)
+    if argv[:1] == ["run"]:
+        opts = run_parser().parse_args(argv[1:])
+        from torchmem.cli.run import run_headless
+        from torchmem.probe.runner import ScriptError, validate_script
+
+        try:
+            validate_script(opts.script)
+        except ScriptError as exc:
+            print(f"torchmem: {exc}", file=sys.stderr)
+            return 2
+        return run_headless(
+            opts.script,
+            opts.args,
+            opts.summary,
+            opts.hz,
+            opts.cwd,
+            opts.quiet,
+            opts.fail_on_leak,
+            attachable=opts.attachable or opts.wait_attach > 0,
+            listen=opts.listen,
+            wait_attach=opts.wait_attach,
+        )
+
+    demo_args: list[str] = []
+    if "--demo" in argv:
+        # `torchmem --demo --leak`: what follows --demo belongs to the demo script.
+        cut = argv.index("--demo") + 1
+        argv, demo_args = argv[:cut], argv[cut:]
+    opts = gui_parser().parse_args(argv)
+    if opts.demo:
+        if opts.script:
+            gui_parser().error("give either --demo or a script, not both")
+        opts.args = demo_args
+    if opts.attach is not None and (opts.script or opts.demo):
+        gui_parser().error("give either --attach PID or a script, not both")
+    if opts.script and not Path(opts.script).expanduser().exists():
+        # A typo or a command of a later version ("report"), never a window on a script
+        # that is not there (without a display, Qt would abort with a core dump).
+        command_like = not Path(opts.script).suffix
+        print(
+            f"torchmem: no such {'script or command' if command_like else 'script'} "
+            f"'{opts.script}' (commands: {', '.join(COMMANDS)}; or a Python script to run "
+            "in the window)",
+            file=sys.stderr,
+        )
+        return 2
+    if not _has_display():
+        print(
+            "torchmem: no display to open the window on (DISPLAY and WAYLAND_DISPLAY are "
+            "unset). Headless: `torchmem run SCRIPT` (or `torchmem attach PID`); a virtual "
+            "screen: `xvfb-run -a torchmem ...` (what `make demo` does); or "
+            "QT_QPA_PLATFORM=offscreen for a window nobody sees.",
+            file=sys.stderr,
+        )
+        return 2
+    # Imported by name so that `import torchmem` (and `torchmem run`) never loads Qt.
+    app = importlib.import_module("torchmem.gui.app")
+    return app.main(opts)

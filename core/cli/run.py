@@ -1,0 +1,126 @@
+"""``torchmem run``: a script with the same sampler, no Qt, and a JSON summary.
+
+This is the backbone that isolated runs, attach and tuning build on: the script runs in
+the main thread (so signals, DataLoader workers and Ctrl+C behave as in plain Python),
+its output goes straight to the terminal, and the exit code is the script's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from torchmem.cli.summary import build_summary, write_summary
+from torchmem.events import AlertKind, RunFinished, RunStatus
+from torchmem.probe.parent_watch import ParentWatch
+from torchmem.probe.runner import EXIT_STOPPED
+from torchmem.session import Session
+from torchmem.sources.inprocess import InProcessSource
+from torchmem.units import format_bytes
+
+#: Exit code of ``torchmem run --fail-on-leak`` when a leak alert fired.
+EXIT_LEAK = 4
+LEAK_KINDS = (AlertKind.LEAK, AlertKind.EPOCH_GROWTH)
+
+
+def summary(session: Session, source: InProcessSource, result: RunFinished) -> dict[str, Any]:
+    """The run's summary as written by ``--summary``."""
+    started = session.run_started
+    return build_summary(
+        "run",
+        session,
+        script=started.script if started else None,
+        argv=list(started.argv) if started else [],
+        status=result.status.value,
+        message=result.message,
+        exit_code=result.exit_code,
+        duration_s=round(result.duration_s, 3),
+        capacity_bytes=source.capacity(),
+        traceback=result.traceback,
+        steps=source.steps_seen,  # the runner's own count
+    )
+
+
+def run_headless(
+    script: str,
+    args: list[str],
+    summary_path: str | None = None,
+    hz: float = 10.0,
+    cwd: str | None = None,
+    quiet: bool = False,
+    fail_on_leak: bool = False,
+    attachable: bool = False,
+    listen: str | None = None,
+    wait_attach: float = 0.0,
+) -> int:
+    """Run ``script`` with monitoring; return its exit code (130 when interrupted).
+
+    With ``fail_on_leak``, a run that raised a leak alert exits with :data:`EXIT_LEAK`
+    (unless the script itself failed: its own code wins).
+    """
+    session = Session()
+    source = InProcessSource(session, hz=hz)
+    # An isolated run of the window ends with the window, whatever killed it: from here on,
+    # including the wait for the window to attach.
+    watch = ParentWatch.from_environment(
+        lambda: source.request_stop(grace_s=2.0) if source.running else os._exit(EXIT_STOPPED)
+    )
+    agent = None
+    if attachable or listen:
+        from torchmem.agent import Agent
+        from torchmem.transport.discovery import DiscoveryError
+
+        agent = Agent(source, listen=listen)
+        try:
+            entry = agent.start()
+        except (OSError, DiscoveryError) as exc:
+            sys.stderr.write(f"torchmem: cannot start the agent: {exc}\n")
+            if watch is not None:
+                watch.close()
+            return 2
+        if not quiet:
+            sys.stderr.write(
+                f"torchmem: attachable as pid {entry.pid} "
+                f"(torchmem attach {entry.pid}, or the window's Attach dialog)\n"
+            )
+        if wait_attach > 0 and not agent.first_viewer.wait(wait_attach):
+            sys.stderr.write(
+                f"torchmem: no viewer attached within {wait_attach:g} s; running anyway\n"
+            )
+    try:
+        result = source.run_script(script, args, cwd=cwd, capture_output=agent is not None)
+    finally:
+        if watch is not None:
+            watch.close()
+        source.close()
+        if agent is not None:
+            agent.close()
+    data = summary(session, source, result)
+    if result.traceback:
+        sys.stderr.write(result.traceback)
+    if not quiet or result.status is not RunStatus.FINISHED:
+        peaks = ", ".join(
+            f"{'RSS' if k == 'cpu_rss' else k} {format_bytes(v)}"
+            for k, v in data["peak_bytes"].items()
+        )
+        sys.stderr.write(
+            f"torchmem: {result.message} (exit code {result.exit_code}) after "
+            f"{result.duration_s:.1f} s, {data['steps']} steps, {data['samples']} samples; "
+            f"peaks: {peaks or 'none'}\n"
+        )
+    leaks = [a for a in session.alert_list() if a.kind in LEAK_KINDS]
+    for alert in session.alert_list():
+        sys.stderr.write(
+            f"torchmem: {alert.severity.upper()} {alert.kind} ({alert.state}, first at step "
+            f"{alert.first_step}): {alert.message}\n"
+            + (f"torchmem:   fix: {alert.suggestion}\n" if alert.suggestion else "")
+        )
+    if summary_path and not write_summary(summary_path, data):
+        return result.exit_code or 1
+    if fail_on_leak and leaks and result.exit_code == 0:
+        sys.stderr.write(
+            f"torchmem: --fail-on-leak: {len(leaks)} leak alert(s), exit {EXIT_LEAK}\n"
+        )
+        return EXIT_LEAK
+    return result.exit_code

@@ -1,0 +1,1 @@
+"""Leak detection: trend statistics, the detector that raises alerts, the culprits it names."""

@@ -1,0 +1,460 @@
+"""Leak and capacity alerts: memory that grows step after step, and who is growing.
+
+The detector is a core model fed by the Session's events. It measures at step boundaries
+(samples tagged with a step, taken at the same point of every iteration), ignores a
+warm-up, and decides growth with a robust trend test over a sliding window: the
+Theil-Sen slope (median of pairwise slopes, indifferent to spikes) and the Mann-Kendall
+test (is the rise monotonic beyond chance?). Growth must be significant, at least an
+absolute and a relative amount per step, and sustained over a minimum number of steps.
+
+To name the culprits it asks for censuses (spaced out) while growth is suspected and
+hands them to :mod:`torchmem.leaks.culprits`; the statistics live in
+:mod:`torchmem.leaks.stats`. Each alert fires once per key, is updated in place while its
+condition lasts, and resolves when it ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from torchmem.events import (
+    Alert,
+    AlertKind,
+    AlertState,
+    CensusTaken,
+    Event,
+    Marker,
+    MarkerKind,
+    RunStarted,
+    Sample,
+    Severity,
+)
+from torchmem.leaks.culprits import (
+    CensusGroup,
+    describe_culprit,
+    find_culprits,
+    group_census,
+    suggestion_for,
+)
+from torchmem.leaks.stats import mann_kendall_p, theil_sen, trailing_floor
+from torchmem.series import split_key
+from torchmem.units import format_bytes
+
+MiB = 1 << 20
+EVALUATE_EVERY_S = 0.05
+# The trend is tested on the floor of the readings (a trailing minimum over this many
+# boundaries): a leak raises the floor, a transient (an evaluation pass, a big batch that
+# the allocator keeps for a few steps) does not.
+FLOOR_SPAN = 4
+
+SUGGEST_NOT_TENSORS = (
+    "Tensor bytes are not growing: the growth is outside tensors (Python objects, a "
+    "DataLoader's workers or prefetching, a C library). tracemalloc or memray can tell which."
+)
+SUGGEST_CACHE = (
+    "Allocated memory is flat while the allocator's reserve grows: this is the caching "
+    "allocator keeping freed blocks (fragmentation), not a leak. empty_cache() returns them; "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces fragmentation."
+)
+SUGGEST_CAPACITY = (
+    "Close to the device's capacity: an OOM is near. Reduce the batch size, use mixed "
+    "precision or activation checkpointing, or free what the Tensors panel shows."
+)
+SUGGEST_RETRIES = (
+    "The allocator had to free its cache and retry cudaMalloc: memory is nearly exhausted "
+    "and steps slow down. Reduce the batch size or set "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
+)
+
+
+@dataclass
+class LeakSettings:
+    """Thresholds of the detector; every one can be changed by the user."""
+
+    warmup_steps: int = 5
+    window: int = 40
+    min_steps: int = 20
+    abs_per_step: float = 1 * MiB
+    rel_per_step: float = 0.001
+    p_value: float = 0.01
+    resolve_after: int = 15
+    capacity_warning: float = 0.80
+    capacity_critical: float = 0.95
+    census_every: int = 4
+    max_culprit_censuses: int = 4
+
+
+class _Trend:
+    """Boundary readings of one series and the state of its alert."""
+
+    def __init__(self, window: int) -> None:
+        self.steps: deque[float] = deque(maxlen=window)
+        self.values: deque[float] = deque(maxlen=window)
+        self.times: deque[float] = deque(maxlen=window)
+        self.alert: Alert | None = None
+        self.quiet = 0
+        self.updates = 0
+        self.evaluated_at = -1e9
+
+
+class LeakDetector:
+    """Watches a Session and submits :class:`Alert` events to it."""
+
+    def __init__(
+        self,
+        submit: Callable[[Event], None],
+        capacity: dict[str, int] | None = None,
+        settings: LeakSettings | None = None,
+    ) -> None:
+        self.submit = submit
+        self.capacity = capacity or {}
+        self.settings = settings or LeakSettings()
+        self._reset()
+        theil_sen(np.arange(3.0), np.arange(3.0))  # numpy loads median's helpers lazily
+
+    def _reset(self) -> None:
+        self._trends: dict[str, _Trend] = {}
+        self._tables: deque[tuple[int, dict[tuple, CensusGroup]]] = deque(maxlen=6)
+        self._tensor_bytes: deque[tuple[int, int]] = deque(maxlen=6)
+        self._culprits: list[dict[str, Any]] = []
+        self._suspected = False
+        self._culprit_censuses = 0
+        self._last_census_step = -(10**9)
+        self._epoch_starts: dict[str, list[float]] = {}
+        self._latest: dict[str, float] = {}
+        self._active: dict[str, Alert] = {}
+        self._last_step = 0
+
+    # -- the source asks -------------------------------------------------------------------
+    def census_due(self, step: int) -> bool:
+        """True when growth is suspected and a culprit census is due at ``step``."""
+        s = self.settings
+        return (
+            self._suspected
+            and self._culprit_censuses < s.max_culprit_censuses
+            and step - self._last_census_step >= s.census_every
+        )
+
+    # -- events ------------------------------------------------------------------------
+    def on_event(self, event: Event) -> None:
+        """Feed one Session event (call from a Session listener)."""
+        if isinstance(event, Sample):
+            self._latest.update(event.values)
+            self._check_capacity(event)
+            if event.step is not None:
+                self._on_boundary(event)
+        elif isinstance(event, CensusTaken):
+            self._on_census(event)
+        elif isinstance(event, Marker) and event.kind is MarkerKind.EPOCH:
+            self._on_epoch(event)
+        elif isinstance(event, RunStarted):
+            self._reset()
+
+    def _tracked(self, key: str) -> bool:
+        metric = split_key(key)[1]
+        return metric in ("allocated", "rss", "reserved")
+
+    def _on_boundary(self, sample: Sample) -> None:
+        s = self.settings
+        step = sample.step or 0
+        self._last_step = step
+        if step < s.warmup_steps:
+            return
+        for key, value in sample.values.items():
+            if not self._tracked(key):
+                continue
+            trend = self._trends.get(key)
+            if trend is None:
+                trend = self._trends[key] = _Trend(s.window)
+            trend.steps.append(float(step))
+            trend.values.append(value)
+            trend.times.append(sample.t)
+            # Recording is cheap; the trend test (~0.1 ms) runs at most 20 times a second.
+            if sample.t - trend.evaluated_at >= EVALUATE_EVERY_S:
+                trend.evaluated_at = sample.t
+                self._evaluate(key, trend, sample)
+
+    def _evaluate(self, key: str, trend: _Trend, sample: Sample) -> None:
+        s = self.settings
+        x = np.fromiter(trend.steps, float)
+        y = trailing_floor(np.fromiter(trend.values, float), FLOOR_SPAN)
+        if len(x) < 6 or x[-1] - x[0] < s.min_steps:
+            return
+        slope = theil_sen(x, y)
+        p = mann_kendall_p(y)
+        threshold = max(s.abs_per_step, s.rel_per_step * float(np.median(y)))
+        growing = p < s.p_value and slope >= threshold
+        if growing:
+            # Sustained: the newer half must still rise. A cache that filled and plateaued,
+            # or a high-water mark that jumped once, rises only in the older half.
+            half = len(x) // 2
+            growing = theil_sen(x[half:], y[half:]) >= threshold and mann_kendall_p(y[half:]) < 0.05
+        if p < 0.05 and slope >= threshold:
+            # Suspected: take (a few, spaced) censuses now, to name the culprits by the
+            # time the growth is confirmed.
+            self._suspected = True
+        metric = split_key(key)[1]
+        if metric == "reserved":
+            self._evaluate_cache(key, trend, growing, slope, sample)
+            return
+        if growing:
+            trend.quiet = 0
+            self._raise_leak(key, trend, slope, sample)
+        elif trend.alert is not None:
+            trend.quiet += 1
+            if trend.quiet >= s.resolve_after:
+                self._resolve(trend, sample)
+
+    def _per_minute(self, trend: _Trend, slope: float) -> float:
+        dt = trend.times[-1] - trend.times[0]
+        ds = trend.steps[-1] - trend.steps[0]
+        return slope * ds / dt * 60 if dt > 0 else 0.0
+
+    def _raise_leak(self, key: str, trend: _Trend, slope: float, sample: Sample) -> None:
+        device, metric = split_key(key)
+        culprits = self._culprits
+        tensors_flat = self._tensors_flat()
+        label = "process RSS" if metric == "rss" else f"{device} allocated"
+        message = f"{label} grows {format_bytes(slope, signed=True)}/step"
+        suggestion = suggestion_for(culprits)
+        if culprits:
+            message += ": " + "; ".join(describe_culprit(c) for c in culprits[:3])
+        elif metric == "rss" and tensors_flat:
+            suggestion = SUGGEST_NOT_TENSORS
+            message += "; tensor bytes are flat (not tensors)"
+        elif not culprits:
+            message += "; looking for the tensors behind it…"
+        previous = trend.alert
+        if previous is not None:
+            trend.updates += 1
+            changed = (
+                abs(previous.per_step - slope) > 0.2 * max(previous.per_step, 1)
+                or len(previous.culprits) != len(culprits)
+                or previous.message != message
+            )
+            if not changed and trend.updates % 20:
+                return
+        alert = Alert(
+            t=sample.t,
+            key=f"leak:{key}",
+            kind=AlertKind.LEAK,
+            severity=Severity.CRITICAL if self._near_capacity(device, slope) else Severity.WARNING,
+            state=AlertState.ACTIVE,
+            series=key,
+            first_step=previous.first_step if previous else int(trend.steps[0]),
+            step=int(trend.steps[-1]),
+            message=message,
+            suggestion=suggestion,
+            per_step=slope,
+            per_minute=self._per_minute(trend, slope),
+            culprits=tuple(culprits),
+            raised_step=previous.raised_step if previous else int(trend.steps[-1]),
+        )
+        self._emit(trend, alert)
+
+    def _near_capacity(self, device: str, slope: float) -> bool:
+        total = self.capacity.get(device)
+        used = self._latest.get(f"{device}/allocated") or self._latest.get(f"{device}/rss")
+        if not total or used is None or slope <= 0:
+            return False
+        return (total - used) / slope < 1000  # out of memory within 1,000 steps
+
+    def _tensors_flat(self) -> bool:
+        if len(self._tensor_bytes) < 2:
+            return False
+        (s0, b0), (s1, b1) = self._tensor_bytes[0], self._tensor_bytes[-1]
+        return s1 > s0 and (b1 - b0) / (s1 - s0) < self.settings.abs_per_step / 4
+
+    def _evaluate_cache(
+        self, key: str, trend: _Trend, growing: bool, slope: float, sample: Sample
+    ) -> None:
+        device = split_key(key)[0]
+        allocated = self._trends.get(f"{device}/allocated")
+        flat = (
+            allocated is not None
+            and len(allocated.values) >= 6
+            and theil_sen(np.fromiter(allocated.steps, float), np.fromiter(allocated.values, float))
+            < self.settings.abs_per_step / 4
+        )
+        if growing and flat:
+            trend.quiet = 0
+            if trend.alert is None:
+                alert = Alert(
+                    sample.t,
+                    f"cache_growth:{device}",
+                    AlertKind.CACHE_GROWTH,
+                    Severity.WARNING,
+                    AlertState.ACTIVE,
+                    key,
+                    int(trend.steps[0]),
+                    int(trend.steps[-1]),
+                    f"{device} reserved grows {format_bytes(slope, signed=True)}/step while "
+                    "allocated is flat: allocator cache, not a leak",
+                    SUGGEST_CACHE,
+                    slope,
+                    self._per_minute(trend, slope),
+                    raised_step=int(trend.steps[-1]),
+                )
+                self._emit(trend, alert)
+        elif trend.alert is not None:
+            trend.quiet += 1
+            if trend.quiet >= self.settings.resolve_after:
+                self._resolve(trend, sample)
+
+    def _resolve(self, trend: _Trend, sample: Sample) -> None:
+        alert = trend.alert
+        if alert is None:
+            return
+        resolved = replace(
+            alert,
+            t=sample.t,
+            state=AlertState.RESOLVED,
+            step=sample.step or alert.step,
+            message=alert.message + " (stopped growing)",
+        )
+        trend.alert = None
+        self._active.pop(alert.key, None)
+        self._submit(resolved)
+
+    def _emit(self, trend: _Trend, alert: Alert) -> None:
+        trend.alert = alert
+        self._active[alert.key] = alert
+        self._submit(alert)
+
+    def _submit(self, alert: Alert) -> None:
+        self.submit(alert)  # the Session drops alerts the user muted
+
+    # -- censuses ------------------------------------------------------------------------
+    def _on_census(self, event: CensusTaken) -> None:
+        self._tables.append((event.step, group_census(event.census)))
+        self._culprits = find_culprits(list(self._tables))
+        self._tensor_bytes.append((event.step, event.census.total_bytes()))
+        self._last_census_step = event.step
+        if self._suspected:
+            self._culprit_censuses += 1
+        # Re-word active leak alerts now that culprits may be known.
+        for key, trend in self._trends.items():
+            if (
+                trend.alert is not None
+                and trend.alert.kind is AlertKind.LEAK
+                and len(self._tables) >= 2
+            ):
+                last = Sample(event.t, {}, event.step)
+                self._raise_leak(key, trend, trend.alert.per_step, last)
+
+    # -- epochs and capacity -----------------------------------------------------------------
+    def _on_epoch(self, event: Marker) -> None:
+        s = self.settings
+        for key, value in self._latest.items():
+            if not key.endswith(("/allocated", "/rss")):
+                continue
+            starts = self._epoch_starts.setdefault(key, [])
+            starts.append(value)
+            if len(starts) < 4:
+                continue
+            last = starts[-4:]
+            rises = [b - a for a, b in itertools.pairwise(last)]
+            floor = max(s.abs_per_step, 0.01 * last[0])
+            alert_key = f"epoch_growth:{key}"
+            if all(r >= floor for r in rises):
+                per_epoch = sum(rises) / len(rises)
+                alert = Alert(
+                    event.t,
+                    alert_key,
+                    AlertKind.EPOCH_GROWTH,
+                    Severity.WARNING,
+                    AlertState.ACTIVE,
+                    key,
+                    event.step,
+                    event.step,
+                    f"{key} at the start of each epoch rose for 3 epochs in a row "
+                    f"({format_bytes(per_epoch, signed=True)}/epoch)",
+                    "Something carries over from one epoch to the next: a growing list, "
+                    "a cache, or tensors kept with their graph (see the Tensors panel).",
+                    raised_step=event.step,
+                )
+                if alert_key not in self._active:
+                    self._active[alert_key] = alert
+                    self._submit(alert)
+            elif alert_key in self._active:
+                old = self._active.pop(alert_key)
+                self._submit(replace(old, t=event.t, state=AlertState.RESOLVED, step=event.step))
+
+    def _check_capacity(self, sample: Sample) -> None:
+        s = self.settings
+        for key, value in sample.values.items():
+            device, metric = split_key(key)
+            share = None
+            if metric == "reserved" and device in self.capacity:
+                share = value / self.capacity[device]
+                total = format_bytes(self.capacity[device])
+                what = f"{device} reserved {format_bytes(value)} of {total}"
+            elif metric == "available" and "cpu" in self.capacity:
+                share = 1 - value / self.capacity["cpu"]
+                what = f"system RAM {100 * share:.0f}% in use ({format_bytes(value)} available)"
+            elif metric == "alloc_retries" and value > self._latest.get(f"{key}#seen", 0):
+                self._latest[f"{key}#seen"] = value
+                if value > 0:
+                    self._capacity_alert(
+                        f"alloc_retries:{device}",
+                        AlertKind.ALLOC_RETRIES,
+                        Severity.CRITICAL,
+                        key,
+                        sample,
+                        f"{device}: {value:.0f} allocation retries "
+                        "(cudaMalloc failed, cache flushed)",
+                        SUGGEST_RETRIES,
+                    )
+                continue
+            if share is None:
+                continue
+            alert_key = f"capacity:{device if metric != 'available' else 'cpu'}"
+            if share >= s.capacity_warning:
+                severity = Severity.CRITICAL if share >= s.capacity_critical else Severity.WARNING
+                self._capacity_alert(
+                    alert_key,
+                    AlertKind.CAPACITY,
+                    severity,
+                    key,
+                    sample,
+                    f"{what} ({100 * share:.0f}%)",
+                    SUGGEST_CAPACITY,
+                )
+            elif alert_key in self._active and share < s.capacity_warning - 0.05:
+                old = self._active.pop(alert_key)
+                self._submit(replace(old, t=sample.t, state=AlertState.RESOLVED))
+
+    def _capacity_alert(
+        self,
+        key: str,
+        kind: AlertKind,
+        severity: Severity,
+        series: str,
+        sample: Sample,
+        message: str,
+        suggestion: str,
+    ) -> None:
+        old = self._active.get(key)
+        if old is not None and old.severity == severity:
+            return
+        alert = Alert(
+            sample.t,
+            key,
+            kind,
+            severity,
+            AlertState.ACTIVE,
+            series,
+            old.first_step if old else self._last_step,
+            self._last_step,
+            message,
+            suggestion,
+            raised_step=old.raised_step if old else self._last_step,
+        )
+        self._active[key] = alert
+        self._submit(alert)

@@ -1,0 +1,1 @@
+"""Measuring inside the monitored process: backends, sampler, steps, script runner, commands."""

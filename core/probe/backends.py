@@ -1,0 +1,309 @@
+"""Memory backends: one object per kind of device, all behind one small interface.
+
+A backend adds its readings to a dict of ``"<device>/<metric>" -> bytes``. Backends read
+counters only: no device synchronisation, no allocation on a device, no gc, no peak reset
+of their own accord. The accelerator backends stay silent until the script itself has
+initialised the device, so that monitoring never creates a CUDA context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from types import ModuleType
+from typing import Any
+
+import psutil
+
+
+class MemoryBackend:
+    """Reads the memory counters of one kind of device; the base reads nothing."""
+
+    #: Device kind, e.g. ``"cpu"``, ``"cuda"``.
+    kind: str = "none"
+    #: True for devices with their own memory (gets empty_cache and peak resets).
+    is_accelerator: bool = False
+
+    def read(self, out: dict[str, float], full: bool = True) -> None:
+        """Add this backend's current readings to ``out``.
+
+        ``full=False`` asks for the cheap counters only (taken at step boundaries, inside
+        the training loop): costly extras such as USS are left to the sampler thread.
+        """
+
+    def capacity(self) -> dict[str, int]:
+        """Total memory per device name, where known."""
+        return {}
+
+    def empty_cache(self) -> None:
+        """Return cached, unused memory to the device (accelerators only)."""
+
+    def reset_peaks(self) -> None:
+        """Start new peak figures from now (accelerators only)."""
+
+    @property
+    def records_history(self) -> bool:
+        """True where PyTorch can record this device's allocations (CUDA, once in use)."""
+        return False
+
+    def record_history(self, max_entries: int | None) -> None:
+        """Record the newest ``max_entries`` allocation events with their Python stacks,
+        or stop recording (``None``). Only where :attr:`records_history`."""
+        raise NotImplementedError(f"{self.kind} has no allocation history")
+
+    def dump_snapshot(self, path: str) -> None:
+        """Write the allocator's state and recorded history for PyTorch's memory_viz."""
+        raise NotImplementedError(f"{self.kind} has no allocation history")
+
+
+class ProcessBackend(MemoryBackend):
+    """Host memory: process RSS, USS (at most every ``uss_every_s``), system available."""
+
+    kind = "cpu"
+
+    def __init__(self, pid: int | None = None, uss_every_s: float = 2.0) -> None:
+        self.process = psutil.Process(pid or os.getpid())
+        self.uss_every_s = uss_every_s
+        self._next_uss = 0.0
+        self._uss_ok = True
+
+    def read(self, out: dict[str, float], full: bool = True) -> None:
+        rss = uss = None
+        if full and self._uss_ok and time.monotonic() >= self._next_uss:
+            self._next_uss = time.monotonic() + self.uss_every_s
+            try:
+                # USS and RSS of one moment (one read of smaps): a USS read earlier, next to
+                # an RSS read later, showed USS 3.3 GiB over RSS 356 MiB after a burst.
+                info = self.process.memory_full_info()
+                rss, uss = info.rss, min(info.uss, info.rss)
+            except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                self._uss_ok = False
+        out["cpu/rss"] = float(rss if rss is not None else self.process.memory_info().rss)
+        if uss is not None:
+            out["cpu/uss"] = float(uss)
+        if not full:
+            return
+        out["system/available"] = float(psutil.virtual_memory().available)
+
+    def capacity(self) -> dict[str, int]:
+        return {"cpu": int(psutil.virtual_memory().total)}
+
+
+class TorchAllocatorBackend(MemoryBackend):
+    """CUDA or XPU through PyTorch's caching-allocator counters (``torch.cuda``-like API).
+
+    ``module`` is ``torch.cuda`` or ``torch.xpu``; tests pass a stub with the same
+    functions. Devices appear once the script has initialised the runtime.
+    """
+
+    is_accelerator = True
+
+    def __init__(self, module: Any, kind: str) -> None:
+        self.module = module
+        self.kind = kind
+        self._capacity: dict[str, int] = {}
+        self._next_stats = 0.0
+
+    def _active_devices(self) -> list[int]:
+        m = self.module
+        if not m.is_initialized():
+            return []
+        current = m.current_device()
+        return [i for i in range(m.device_count()) if i == current or m.memory_reserved(i) > 0]
+
+    def read(self, out: dict[str, float], full: bool = True) -> None:
+        m = self.module
+        now = time.monotonic()
+        stats_due = full and now >= self._next_stats
+        if stats_due:
+            self._next_stats = now + 1.0  # memory_stats builds a large dict: at most 1 Hz
+        for i in self._active_devices():
+            dev = f"{self.kind}:{i}"
+            out[f"{dev}/allocated"] = float(m.memory_allocated(i))
+            out[f"{dev}/reserved"] = float(m.memory_reserved(i))
+            out[f"{dev}/peak_allocated"] = float(m.max_memory_allocated(i))
+            if stats_due and hasattr(m, "memory_stats"):
+                retries = m.memory_stats(i).get("num_alloc_retries")
+                if retries is not None:
+                    out[f"{dev}/alloc_retries"] = float(retries)
+
+    def capacity(self) -> dict[str, int]:
+        for i in self._active_devices():
+            dev = f"{self.kind}:{i}"
+            if dev not in self._capacity:
+                self._capacity[dev] = int(self.module.get_device_properties(i).total_memory)
+        return dict(self._capacity)
+
+    def empty_cache(self) -> None:
+        if self.module.is_initialized():
+            self.module.empty_cache()
+
+    def reset_peaks(self) -> None:
+        for i in self._active_devices():
+            self.module.reset_peak_memory_stats(i)
+
+    @property
+    def records_history(self) -> bool:
+        # Only once the script has used CUDA: recording would create a CUDA context
+        # (hundreds of MiB) in a process that never asked for one.
+        memory = getattr(self.module, "memory", None)
+        return (
+            self.kind == "cuda"
+            and hasattr(memory, "_record_memory_history")
+            and self.module.is_initialized()
+        )
+
+    def record_history(self, max_entries: int | None) -> None:
+        if max_entries is None:
+            self.module.memory._record_memory_history(enabled=None)
+        else:
+            self.module.memory._record_memory_history(max_entries=max_entries)
+
+    def dump_snapshot(self, path: str) -> None:
+        self.module.memory._dump_snapshot(path)
+
+
+class MpsBackend(MemoryBackend):
+    """Apple MPS: allocated by tensors and allocated by the Metal driver."""
+
+    kind = "mps"
+    is_accelerator = True
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def read(self, out: dict[str, float], full: bool = True) -> None:
+        out["mps/allocated"] = float(self.module.current_allocated_memory())
+        out["mps/reserved"] = float(self.module.driver_allocated_memory())
+
+    def capacity(self) -> dict[str, int]:
+        try:
+            return {"mps": int(self.module.recommended_max_memory())}
+        except (AttributeError, RuntimeError):
+            return {}
+
+    def empty_cache(self) -> None:
+        self.module.empty_cache()
+
+
+class NvmlBackend(MemoryBackend):
+    """Per-process GPU memory as the NVIDIA driver reports it (nvidia-smi's figure).
+
+    Used only when an NVIDIA driver answers. Inside containers NVML lists host PIDs, so
+    the process may not be found: then this backend reports nothing rather than a guess.
+    """
+
+    kind = "nvml"
+
+    def __init__(
+        self,
+        nvml: ModuleType,
+        pid: int | None = None,
+        every_s: float = 0.5,
+        torch_names: bool = True,
+    ) -> None:
+        self.nvml = nvml
+        self.torch_names = torch_names
+        self.pid = pid or os.getpid()
+        self.every_s = every_s
+        self._next = 0.0
+        self._last: dict[str, float] = {}
+        count = nvml.nvmlDeviceGetCount()
+        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self._names = [self._device_name(i, h) for i, h in enumerate(self._handles)]
+
+    def _device_name(self, index: int, handle: Any) -> str:
+        """Name the GPU as torch does (``cuda:N``) by matching UUIDs; NVML order otherwise.
+
+        Watching another process (``torch_names=False``), torch's numbering is that
+        process's (its CUDA_VISIBLE_DEVICES), unknown here: the NVML index is shown as
+        ``gpu:N`` and no CUDA call is made in this process.
+        """
+        if not self.torch_names:
+            return f"gpu:{index}"
+        try:
+            import torch
+
+            uuid = self.nvml.nvmlDeviceGetUUID(handle)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            for i in range(torch.cuda.device_count()):
+                if str(torch.cuda.get_device_properties(i).uuid) in uuid:
+                    return f"cuda:{i}"
+        except Exception:
+            pass
+        return f"cuda:{index}"
+
+    def read(self, out: dict[str, float], full: bool = True) -> None:
+        now = time.monotonic()
+        if not full or now < self._next:
+            return
+        self._next = now + self.every_s
+        nvml = self.nvml
+        for name, handle in zip(self._names, self._handles, strict=True):
+            try:
+                procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except nvml.NVMLError:
+                continue
+            for proc in procs:
+                if proc.pid == self.pid and proc.usedGpuMemory is not None:
+                    out[f"{name}/nvml_used"] = float(proc.usedGpuMemory)
+
+    def capacity(self) -> dict[str, int]:
+        caps = {}
+        for name, handle in zip(self._names, self._handles, strict=True):
+            with contextlib.suppress(self.nvml.NVMLError):
+                caps[name] = int(self.nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        return caps
+
+
+def _nvml_backend(pid: int | None, torch_names: bool = True) -> MemoryBackend | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return NvmlBackend(pynvml, pid, torch_names=torch_names)
+    except Exception:
+        return None
+
+
+def discover_backends(pid: int | None = None) -> list[MemoryBackend]:
+    """Every backend this machine supports: host memory always, accelerators if present."""
+    backends: list[MemoryBackend] = [ProcessBackend(pid)]
+    try:
+        import torch
+    except ImportError:
+        return backends
+    if torch.cuda.is_available():
+        backends.append(TorchAllocatorBackend(torch.cuda, "cuda"))
+        nvml = _nvml_backend(pid)
+        if nvml is not None:
+            backends.append(nvml)
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        backends.append(TorchAllocatorBackend(xpu, "xpu"))
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        backends.append(MpsBackend(torch.mps))
+    return backends
+
+
+def backends_capacity(backends: list[MemoryBackend]) -> dict[str, int]:
+    """Total memory per device over ``backends`` (a backend that fails is skipped)."""
+    caps: dict[str, int] = {}
+    for backend in backends:
+        try:
+            caps.update(backend.capacity())
+        except Exception:
+            continue
+    return caps
+
+
+def process_backends(pid: int) -> list[MemoryBackend]:
+    """Backends that watch another process from outside: psutil, and NVML when a driver
+    answers (GPU memory as nvidia-smi shows it, CUDA context and caches included)."""
+    backends: list[MemoryBackend] = [ProcessBackend(pid)]
+    nvml = _nvml_backend(pid, torch_names=False)
+    if nvml is not None:
+        backends.append(nvml)
+    return backends

@@ -1,0 +1,309 @@
+"""Run a user's script in the current thread, as ``python script.py ARGS`` would.
+
+The script runs through :mod:`runpy` as ``__main__`` with its own ``sys.argv`` and its
+folder first on ``sys.path``. Its output is echoed to the terminal and also sent to the
+Session as log records. However it ends (normally, ``sys.exit(n)``, an exception, out of
+memory, a stop request), the runner reports one :class:`RunFinished` and restores the
+interpreter state it changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import os
+import runpy
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from torchmem.events import Event, LogRecord, RunFinished, RunStarted, RunStatus, Stream
+from torchmem.probe.steps import ScriptStopped, StepTracker
+
+EXIT_STOPPED = 130  # what a shell reports for a run ended by Ctrl+C
+
+SIGNAL_HINT = (
+    "The script calls signal.signal(), which Python allows only in the main thread, and the "
+    "torchmem window runs scripts in a background thread. Turn on Run > Run in a separate "
+    "process (or start `torchmem --isolated SCRIPT`), or run it headless: `torchmem run "
+    "SCRIPT ARGS`."
+)
+
+WORKERS_HINT = (
+    "A DataLoader worker process failed. Worker processes started from a background thread "
+    "can fail with the 'spawn' or 'forkserver' start methods: turn on Run > Run in a separate "
+    "process, or try `torchmem run SCRIPT`."
+)
+
+
+class ScriptError(Exception):
+    """A script that cannot be run at all; the message says why and what to do."""
+
+
+def validate_script(path: str | os.PathLike[str]) -> Path:
+    """Check that ``path`` is a runnable Python script and return it resolved.
+
+    Raises :class:`ScriptError` for a missing path, a folder without ``__main__.py``, a
+    binary or non-UTF-8 file, or a syntax error (with its line).
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ScriptError(f"No such script: {p}. Check the path (it is relative to {Path.cwd()}).")
+    if p.is_dir():
+        if (p / "__main__.py").is_file():
+            return p.resolve()
+        raise ScriptError(f"{p} is a folder, not a script. Give a .py file to run.")
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ScriptError(f"Cannot read {p}: {exc.strerror}.") from exc
+    if b"\0" in raw[:8192]:
+        raise ScriptError(f"{p} is not a Python script (it is a binary file). Give a .py file.")
+    try:
+        source = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ScriptError(f"{p} is not a Python script (not UTF-8 text).") from exc
+    try:
+        compile(source, str(p), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = f"line {exc.lineno}" if exc.lineno else "unknown line"
+        text = (exc.text or "").rstrip()
+        hint = "" if p.suffix == ".py" else " Is it a Python script at all?"
+        detail = f"\n    {text}" if text else ""
+        raise ScriptError(f"Syntax error in {p.name}, {where}: {exc.msg}.{hint}{detail}") from exc
+    return p.resolve()
+
+
+class _Tee(io.TextIOBase):
+    """A text stream that writes through to the terminal and also logs each write.
+
+    In a forked child (a DataLoader worker) it only writes through: the sink takes locks
+    (the Session's) that another thread of the parent may have held at the fork, and a
+    child that waits for them hangs for good (seen about once in 250 forks).
+    """
+
+    #: Set in a child after ``os.fork()``; the child's writes skip the sink.
+    forked = False
+
+    def __init__(
+        self, original: TextIO | None, stream: Stream, sink: Callable[[Stream, str], None]
+    ):
+        self._original = original
+        self._stream = stream
+        self._sink = sink
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if self._original is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._original.write(text)
+        if text and not _Tee.forked:
+            self._sink(self._stream, text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._original is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._original.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._original, "encoding", None) or "utf-8"
+
+    def fileno(self) -> int:
+        if self._original is None:
+            raise io.UnsupportedOperation("fileno")
+        return self._original.fileno()
+
+
+def _mark_forked() -> None:
+    _Tee.forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text
+    )
+
+
+def _script_traceback(exc: BaseException, script: str) -> str:
+    """The traceback from the script's first frame on (runpy and torchmem frames cut)."""
+    tb = exc.__traceback__
+    frames = traceback.extract_tb(tb)
+    start = next((i for i, f in enumerate(frames) if f.filename == script), 0)
+    while tb is not None and start > 0:
+        tb, start = tb.tb_next, start - 1
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def classify_exception(exc: BaseException) -> tuple[RunStatus, int, str]:
+    """How an exception that ended a script reads: out of memory (any backend), a
+    signal handler outside the main thread, a failed DataLoader worker, or a plain error.
+    The one classifier for runs in the window, ``torchmem run`` and served processes."""
+    name = type(exc).__name__
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if _is_oom(exc):
+        return (
+            RunStatus.OOM,
+            1,
+            (
+                f"out of memory ({name}: {first[:200]}). Try a smaller batch size, activation "
+                "checkpointing, or mixed precision; on CUDA, "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces fragmentation."
+            ),
+        )
+    if isinstance(exc, ValueError) and "signal only works in main thread" in str(exc):
+        return RunStatus.FAILED, 1, SIGNAL_HINT
+    if "DataLoader worker" in str(exc):
+        return RunStatus.FAILED, 1, f"{name}: {first}. {WORKERS_HINT}"
+    return RunStatus.FAILED, 1, f"raised {name}: {first}" if first else f"raised {name}"
+
+
+class ScriptRunner:
+    """Runs one script in the calling thread and reports events to ``emit``."""
+
+    def __init__(
+        self,
+        script: str | os.PathLike[str],
+        args: list[str] | tuple[str, ...] = (),
+        emit: Callable[[Event], None] = lambda e: None,
+        now: Callable[[], float] = time.monotonic,
+        cwd: str | os.PathLike[str] | None = None,
+        capture_output: bool = True,
+    ) -> None:
+        self.script = str(script)
+        self.args = list(args)
+        self.emit = emit
+        self.now = now
+        self.cwd = cwd
+        self.capture_output = capture_output
+        self.tracker = StepTracker(emit, now)
+        self._thread_ident: int | None = None
+        self._done = threading.Event()
+        self._fallback: threading.Timer | None = None
+
+    @property
+    def steps(self) -> int:
+        """Steps seen so far."""
+        return self.tracker.steps
+
+    @property
+    def thread_ident(self) -> int | None:
+        """The thread the script runs in (``None`` before it starts)."""
+        return self._thread_ident
+
+    def _log(self, stream: Stream, text: str) -> None:
+        self.emit(LogRecord(self.now(), stream, text))
+
+    def run(self) -> RunFinished:
+        """Run the script to its end; never raises for anything the script does."""
+        started = time.monotonic()
+        self._thread_ident = threading.get_ident()
+        self._done.clear()
+        try:
+            path = validate_script(self.script)
+        except ScriptError as exc:
+            return self._finish(RunStatus.FAILED, 2, str(exc), "", started)
+        script_path = str(path / "__main__.py") if path.is_dir() else str(path)
+        self.emit(RunStarted(self.now(), str(path), tuple(self.args)))
+
+        saved_argv, saved_path = sys.argv, list(sys.path)
+        saved_out, saved_err = sys.stdout, sys.stderr
+        saved_cwd = os.getcwd()
+        sys.argv = [str(path), *self.args]
+        sys.path.insert(0, str(path if path.is_dir() else path.parent))
+        if self.capture_output:
+            sys.stdout = _Tee(saved_out, Stream.STDOUT, self._log)
+            sys.stderr = _Tee(saved_err, Stream.STDERR, self._log)
+        self.tracker.install(self._thread_ident)
+        status, code, message, tb_text = RunStatus.FINISHED, 0, "", ""
+        try:
+            if self.cwd:
+                os.chdir(self.cwd)
+            runpy.run_path(str(path), run_name="__main__")
+            message = "finished"
+        except SystemExit as exc:
+            code, message = self._exit_code(exc)
+            status = RunStatus.FINISHED if code == 0 else RunStatus.FAILED
+        except (ScriptStopped, KeyboardInterrupt):
+            status, code = RunStatus.STOPPED, EXIT_STOPPED
+            message = f"stopped by the user at step {self.tracker.steps}"
+        except BaseException as exc:
+            tb_text = _script_traceback(exc, script_path)
+            status, code, message = classify_exception(exc)
+        finally:
+            if self._fallback is not None:
+                self._fallback.cancel()
+            self._done.set()
+            self.tracker.uninstall()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            sys.argv, sys.stdout, sys.stderr = saved_argv, saved_out, saved_err
+            sys.path[:] = saved_path
+            if os.getcwd() != saved_cwd:
+                os.chdir(saved_cwd)
+        return self._finish(status, code, message, tb_text, started)
+
+    def _finish(
+        self, status: RunStatus, code: int, message: str, tb_text: str, started: float
+    ) -> RunFinished:
+        self._done.set()
+        event = RunFinished(self.now(), status, code, message, tb_text, time.monotonic() - started)
+        self.emit(event)
+        return event
+
+    @staticmethod
+    def _exit_code(exc: SystemExit) -> tuple[int, str]:
+        if exc.code is None:
+            return 0, "exited with sys.exit()"
+        if isinstance(exc.code, int):
+            return exc.code, f"exited with sys.exit({exc.code})"
+        return 1, f"exited: {exc.code}"
+
+    # -- stopping --------------------------------------------------------------------------
+    def request_stop(self, grace_s: float = 2.0) -> None:
+        """Stop the script cooperatively; after ``grace_s`` force it (async exception).
+
+        The cooperative stop lands at the next step, backward, mark or module forward.
+        Scripts that do none of these get :class:`ScriptStopped` raised asynchronously in
+        their thread, which Python delivers between bytecodes (not inside a blocking C call).
+        """
+        if self._done.is_set() or self._thread_ident is None:
+            return
+        self.tracker.request_stop()
+        if self._fallback is None:
+            self._fallback = threading.Timer(grace_s, self._force_stop)
+            self._fallback.daemon = True
+            self._fallback.start()
+
+    def _force_stop(self) -> None:
+        if self._done.is_set() or self._thread_ident is None:
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(self._thread_ident), ctypes.py_object(ScriptStopped)
+        )
+
+
+def run_script(script: str, args: list[str], **kwargs: Any) -> RunFinished:
+    """Convenience: run a script with a fresh :class:`ScriptRunner`."""
+    return ScriptRunner(script, args, **kwargs).run()

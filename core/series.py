@@ -1,0 +1,108 @@
+"""Series keys and what they mean: ``[scope/]device/metric``, their labels and tooltips.
+
+Every reading is keyed ``"<device>/<metric>"`` (``cuda:0/allocated``, ``cpu/rss``); a
+process of a job adds its scope in front (``rank1/cpu/rss``, ``total/cpu/rss``). Sources,
+analyses and views take keys apart only through these helpers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a metric name means, for labels and tooltips."""
+
+    label: str
+    tooltip: str
+    #: Read less often than the sampler ticks: drawn as held steps with a dot per reading,
+    #: never as ramps that invent values between readings.
+    sparse: bool = False
+
+
+METRICS: dict[str, Metric] = {
+    "allocated": Metric(
+        "allocated",
+        "Bytes held by live tensors, as PyTorch's caching allocator counts them "
+        "(memory_allocated). Rounded up to the allocator's block sizes.",
+    ),
+    "reserved": Metric(
+        "reserved",
+        "Bytes the caching allocator holds from the device: allocated plus its cache "
+        "(memory_reserved). empty_cache() returns the unused part to the device.",
+    ),
+    "peak_allocated": Metric(
+        "peak allocated",
+        "Highest 'allocated' since the process started or since the last peak reset "
+        "(max_memory_allocated).",
+    ),
+    "nvml_used": Metric(
+        "NVML process",
+        "GPU memory the driver charges to this process (what nvidia-smi shows). It includes "
+        "the CUDA context, the allocator's cache and NCCL buffers, so it exceeds 'reserved'.",
+    ),
+    "rss": Metric(
+        "process RSS",
+        "Resident set size of the process: its pages in RAM, shared libraries included "
+        "(CPU tensors live here; there is no PyTorch counter of CPU tensor bytes).",
+    ),
+    "uss": Metric(
+        "process USS",
+        "Unique set size: RAM that would be freed if the process exited (no shared pages). "
+        "Read at most every 2 s because it is costly (a dot per reading), together with "
+        "the RSS of the same moment, which it never exceeds.",
+        sparse=True,
+    ),
+    "alloc_retries": Metric(
+        "allocation retries",
+        "How often cudaMalloc failed and the allocator flushed its cache to retry "
+        "(num_alloc_retries): a near-OOM slowdown. A count, not bytes.",
+        sparse=True,
+    ),
+    "available": Metric(
+        "system available",
+        "RAM the operating system can still give to processes without swapping.",
+    ),
+}
+
+
+#: Metrics that are not byte counts (not drawn on the memory axes).
+COUNT_METRICS = frozenset({"alloc_retries"})
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``("cuda:0", "allocated")`` for ``cuda:0/allocated`` (a scope stays with the device:
+    ``("rank1/cuda:0", "allocated")``)."""
+    device, _, metric = key.rpartition("/")
+    return device, metric
+
+
+def split_scope(key: str) -> tuple[str, str]:
+    """``("rank1", "cuda:0/allocated")`` for a series of one process of a job (``rank1``,
+    ``pid4242``) or of the job's total (``total``); ``("", key)`` for a single process."""
+    head, sep, rest = key.partition("/")
+    if sep and "/" in rest:
+        return head, rest
+    return "", key
+
+
+def scope_label(scope: str) -> str:
+    """``rank 1``, ``pid 4242``, ``total`` (of every rank) for a series scope."""
+    if scope == "total":
+        return "total"
+    for prefix in ("rank", "pid"):
+        if scope.startswith(prefix) and scope[len(prefix) :].isdigit():
+            return f"{prefix} {scope[len(prefix) :]}"
+    return scope
+
+
+def series_label(key: str) -> str:
+    """A readable label for a series key, e.g. ``cuda:0 allocated``, ``rank 1 process RSS``."""
+    scope, key = split_scope(key)
+    device, metric = split_key(key)
+    info = METRICS.get(metric)
+    label = info.label if info else metric
+    if device not in ("cpu", "system"):
+        label = f"{device} {label}"
+    return f"{scope_label(scope)} {label}" if scope else label

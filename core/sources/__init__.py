@@ -1,0 +1,1 @@
+"""Sources: what feeds a Session (this process, an agent elsewhere, a child, a watched process)."""

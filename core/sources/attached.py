@@ -1,0 +1,195 @@
+"""Everything attached for one pid: its agent, the agents of its ranks, or a watch from outside."""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+from torchmem.events import CommandResult
+from torchmem.session import Session
+from torchmem.sources.follow import follow
+from torchmem.sources.processes import agents_for
+from torchmem.sources.remote import RemoteSource
+from torchmem.sources.totals import RankTotals
+from torchmem.sources.watch import ProcessWatchSource
+from torchmem.transport.client import AttachError
+from torchmem.transport.discovery import AgentEntry
+
+
+class AttachedRun:
+    """Everything attached for one pid: its agent, the agents of its ranks, or a watch.
+
+    The window and ``torchmem attach`` use it alike: :meth:`connect`, then
+    :meth:`follow` until the processes end or :meth:`detach` is called. Commands go to
+    every attached agent; their results come back as events of the Session.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        pid: int,
+        hz: float = 10.0,
+        entries: list[AgentEntry] | None = None,
+        inject: bool = False,
+    ) -> None:
+        self.session = session
+        self.pid = pid
+        self.inject = inject
+        self.injected = False
+        #: Given entries (an agent reached through a forwarded socket) skip discovery.
+        self.entries = entries
+        self.hz = hz
+        self.remotes: list[RemoteSource] = []
+        self.watch: ProcessWatchSource | None = None
+        self.totals: RankTotals | None = None
+        self._detach = threading.Event()
+
+    def connect(self) -> None:
+        """Attach to the agents of ``pid`` (or its ranks), else watch it from outside.
+
+        Raises :class:`AttachError` when nothing can be attached, saying why.
+        """
+        entries = self.entries if self.entries is not None else agents_for(self.pid)
+        if not entries and self.inject:
+            from torchmem.transport.inject import InjectError, inject_agent
+
+            self.session.note(f"injecting the agent into {self.pid} (experimental)…")
+            try:
+                entries = [inject_agent(self.pid)]
+            except InjectError as exc:
+                raise AttachError(f"cannot inject the agent: {exc}") from None
+            self.injected = True
+        if not entries:
+            self.watch = ProcessWatchSource(self.session, self.pid, self.hz)
+            self.watch.start()
+            return
+        multi = len(entries) > 1
+        errors = []
+        if multi:  # before the first connection, so that no live sample is missed
+            # Nothing counts until every rank is connected (replays arrive meanwhile).
+            self.totals = RankTotals(self.session, {e.scope for e in entries}, math.inf)
+        for entry in entries:
+            prefix = f"{entry.scope}/" if multi else ""
+            remote = RemoteSource(self.session, entry, prefix)
+            try:
+                remote.connect()
+            except AttachError as exc:
+                errors.append(str(exc))
+                if self.totals is not None:
+                    self.totals.forget(entry.scope)
+                continue
+            self.remotes.append(remote)
+        if not self.remotes:
+            if self.totals is not None:
+                self.totals.close()
+            raise AttachError("; ".join(errors))
+        if self.totals is not None:  # the clock is the agents' now: replays come before it
+            self.totals.since = self.session.now()
+        for error in errors:  # some ranks attached, others not: say which
+            self.session.note(error)
+
+    @property
+    def label(self) -> str:
+        """What is attached, for titles and status lines."""
+        if self.watch is not None:
+            return f"pid {self.pid} (from outside)"
+        if len(self.remotes) == 1:
+            return f"pid {self.remotes[0].pid}"
+        return f"pid {self.pid}: " + ", ".join(r.label for r in self.remotes)
+
+    @property
+    def ended(self) -> bool:
+        """True once every attached process has ended (or the watch saw its exit)."""
+        if self.watch is not None:
+            return not self.watch.check()
+        return all(r.ended.is_set() for r in self.remotes)
+
+    def follow(self, duration: float | None = None, close: bool = True) -> None:
+        """Block until the processes end, :meth:`detach` is called, or ``duration`` passes;
+        then close the connections unless told not to."""
+        forgotten: set[str] = set()
+
+        def look() -> bool:
+            if self.totals is not None:  # a rank that ended no longer counts in the total
+                for remote in self.remotes:
+                    scope = remote.prefix.rstrip("/")
+                    if remote.ended.is_set() and scope not in forgotten:
+                        forgotten.add(scope)
+                        self.totals.forget(scope)
+            return not self.ended
+
+        follow(look, self._detach, duration_s=duration)
+        if close:
+            self.close()
+
+    def detach(self) -> None:
+        """Stop following (from any thread); the processes carry on."""
+        self._detach.set()
+
+    def close(self) -> None:
+        """Close every connection and the watch."""
+        for remote in self.remotes:
+            remote.close()
+        if self.watch is not None:
+            self.watch.close()
+        if self.totals is not None:
+            self.totals.close()
+
+    # -- what the window asks of a source ----------------------------------------------------
+    @property
+    def has_agent(self) -> bool:
+        """True when attached through agents (commands, censuses, stop are available)."""
+        return bool(self.remotes)
+
+    @property
+    def has_accelerator(self) -> bool:
+        """True when an attached process uses an accelerator."""
+        return any(r.has_accelerator for r in self.remotes)
+
+    def capacity(self) -> dict[str, int]:
+        """Total memory per device of the attached processes."""
+        caps: dict[str, int] = {}
+        for remote in self.remotes:
+            caps.update(remote.capacity())
+        if self.watch is not None:
+            caps.update(self.watch.capacity())
+        return caps
+
+    def command(self, name: str) -> list[CommandResult]:
+        """Run a command in every attached process still running; the results also
+        arrive as events."""
+        if not self.remotes:
+            result = CommandResult(
+                self.session.now(),
+                name,
+                False,
+                f"process {self.pid} has no agent: commands need torchmem.serve() in the "
+                "script, or a launch through `torchmem run --attachable`",
+            )
+            self.session.submit(result)
+            return [result]
+        return [remote.command(name) for remote in self.remotes if not remote.ended.is_set()]
+
+    def request_stop(self) -> None:
+        """Ask every attached script to stop at its next step."""
+        self.command("stop")
+
+    @property
+    def running(self) -> bool:
+        """True while an attached process lives."""
+        return not self.ended
+
+    def set_rate(self, hz: float) -> None:
+        """Change the sampling rate of every agent (or of the watch)."""
+        for remote in self.remotes:
+            remote.set_rate(hz)
+        if self.watch is not None:
+            self.watch.sampler.set_rate(hz)
+
+    def referrers(self, tensor: Any) -> dict[str, Any]:
+        """What keeps ``tensor`` (from a census of an attached process) alive."""
+        for remote in self.remotes:  # a rank's tensors carry its prefix: "rank1/cpu"
+            if len(self.remotes) == 1 or tensor.device.startswith(remote.prefix):
+                return remote.referrers(tensor)
+        raise AttachError(f"no attached process holds tensors on {tensor.device}")

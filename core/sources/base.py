@@ -1,0 +1,57 @@
+"""What every source offers its front ends: one typed interface, whatever it watches.
+
+A source feeds a Session with events and takes requests back. The window and the command
+line hold a :class:`Source` and never ask which kind it is: this process
+(:class:`~torchmem.sources.inprocess.InProcessSource`), a child
+(:class:`~torchmem.sources.isolated.IsolatedSource`) or processes attached through their
+agents or watched from outside (:class:`~torchmem.sources.attached.AttachedRun`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from torchmem.events import CommandResult
+from torchmem.session import Session
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A feed of one Session's events, and the requests it accepts."""
+
+    session: Session
+
+    @property
+    def running(self) -> bool:
+        """True while what it watches runs."""
+        ...
+
+    @property
+    def has_accelerator(self) -> bool:
+        """True when the watched process uses an accelerator (enables empty_cache)."""
+        ...
+
+    def capacity(self) -> dict[str, int]:
+        """Total memory per device (series device names), where known."""
+        ...
+
+    def command(self, name: str) -> list[CommandResult]:
+        """Run a command of :data:`~torchmem.probe.commands.COMMANDS` in every watched
+        process; one result each (also submitted to the Session as events)."""
+        ...
+
+    def request_stop(self) -> None:
+        """Ask the script to stop at its next step (forced later where torchmem owns it)."""
+        ...
+
+    def set_rate(self, hz: float) -> None:
+        """Sample this many times a second."""
+        ...
+
+    def referrers(self, tensor: Any) -> dict[str, Any]:
+        """What keeps a tensor of the latest census alive: ``{"chain": [...], ...}``."""
+        ...
+
+    def close(self) -> None:
+        """Stop sampling and disconnect; what it watches carries on unless it owns it."""
+        ...

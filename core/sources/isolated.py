@@ -1,0 +1,268 @@
+"""Isolated runs: the script in a child ``torchmem run --attachable``, attached at once.
+
+Scripts that install signal handlers, spawn DataLoader workers with 'spawn', or need
+allocator settings before torch starts are better off in a process of their own, and a
+crash there (a segfault in an extension, the OOM killer) must never take the window with
+it. :class:`IsolatedSource` offers the same ``run_script`` / ``request_stop`` /
+``command`` as the in-process source, so the window drives both alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torchmem.events import CommandResult, RunFinished, RunStarted, RunStatus
+from torchmem.probe.parent_watch import PARENT_ENV
+from torchmem.probe.runner import EXIT_STOPPED, ScriptError, validate_script
+from torchmem.session import Session
+from torchmem.sources.follow import follow
+from torchmem.sources.remote import RemoteSource
+from torchmem.transport.client import AttachError
+from torchmem.transport.discovery import find_agent
+
+#: How long the child may take to import torch and start its agent.
+AGENT_TIMEOUT_S = 60.0
+
+
+def _signal_name(code: int) -> str:
+    with contextlib.suppress(ValueError):
+        return signal.Signals(-code).name
+    return f"signal {-code}"
+
+
+def end_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> int | None:
+    """End a child torchmem started: SIGTERM, then SIGKILL if it is still there after
+    ``grace_s``. Returns its exit status (None if even SIGKILL did not reap it in time)."""
+    if proc.poll() is not None:
+        return proc.returncode
+    with contextlib.suppress(OSError):
+        proc.terminate()
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            proc.kill()
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+class IsolatedSource:
+    """Runs scripts in a child process and shows them through its agent."""
+
+    def __init__(self, session: Session, hz: float = 10.0) -> None:
+        self.session = session
+        self.hz = hz
+        self.remote: RemoteSource | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self._stop_requested_at: float | None = None
+        self.steps_seen = 0
+
+    # -- what the window asks of a source ----------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """True while the child process lives."""
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def has_accelerator(self) -> bool:
+        """True when the child uses an accelerator."""
+        return self.remote is not None and self.remote.has_accelerator
+
+    def capacity(self) -> dict[str, int]:
+        """Total memory per device, as the child's agent reports it."""
+        return self.remote.capacity() if self.remote is not None else {}
+
+    def command(self, name: str) -> list[CommandResult]:
+        """gc.collect, empty_cache, reset peaks or a census, in the child."""
+        remote = self.remote
+        if remote is None or not remote.connected:
+            result = CommandResult(self.session.now(), name, False, "no isolated run is attached")
+            self.session.submit(result)
+            return [result]
+        return [remote.command(name)]
+
+    def request_stop(self, grace_s: float = 2.0) -> None:
+        """Stop the child's script at its next step; the child forces it after ``grace_s``
+        and is terminated if it still runs well after that."""
+        self._stop_requested_at = time.monotonic() + 2 * grace_s + 3.0
+        if self.remote is not None and self.remote.connected:
+            self.remote.command("stop")
+        elif self.process is not None:
+            with contextlib.suppress(OSError):
+                self.process.send_signal(signal.SIGINT)
+
+    def set_rate(self, hz: float) -> None:
+        """The child's sampling rate (also for the next runs)."""
+        self.hz = hz
+        if self.remote is not None:
+            self.remote.set_rate(hz)
+
+    def referrers(self, tensor: Any) -> dict[str, Any]:
+        """What keeps a tensor of the child alive."""
+        if self.remote is None:
+            raise AttachError("no isolated run is attached")
+        return self.remote.referrers(tensor)
+
+    def close(self) -> None:
+        """Stop a child still running (terminate, then kill) and disconnect."""
+        if self.process is not None:
+            end_process(self.process)
+        if self.remote is not None:
+            self.remote.close()
+
+    # -- a run -------------------------------------------------------------------------------
+    def run_script(
+        self,
+        script: str | os.PathLike[str],
+        args: Sequence[str] = (),
+        cwd: str | None = None,
+        capture_output: bool = True,
+    ) -> RunFinished:
+        """Run ``script`` in a child and follow it to its end; never raises for the script."""
+        s = self.session
+        started = time.monotonic()
+        self._stop_requested_at = None
+        try:
+            path = validate_script(script)
+        except ScriptError as exc:
+            return self._finish(RunFinished(s.now(), RunStatus.FAILED, 2, str(exc)))
+        command = [
+            sys.executable, "-m", "torchmem", "run", "--attachable", "--quiet",
+            "--wait-attach", f"{AGENT_TIMEOUT_S:g}", "--hz", f"{self.hz:g}", str(path), *args,
+        ]  # fmt: skip
+        with tempfile.TemporaryFile() as errors:
+            return self._run_child(command, path, args, cwd, errors, started)
+
+    def _run_child(
+        self,
+        command: list[str],
+        path: Path,
+        args: Sequence[str],
+        cwd: str | None,
+        errors: Any,
+        started: float,
+    ) -> RunFinished:
+        s = self.session
+        try:
+            self.process = subprocess.Popen(
+                command,
+                cwd=cwd,
+                # The child ends with this process, even if it is killed (see parent_watch).
+                env={**os.environ, PARENT_ENV: str(os.getpid())},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # the agent forwards the output as log records
+                stderr=errors,
+                start_new_session=True,  # Ctrl+C in the window's terminal is not the child's
+            )
+        except OSError as exc:
+            return self._finish(
+                RunFinished(s.now(), RunStatus.FAILED, 2, f"cannot start the child: {exc}")
+            )
+        s.note(f"isolated run: process {self.process.pid}")
+        try:
+            self._attach(path, args)
+            self._wait_for_exit()
+        finally:
+            if self.remote is not None:
+                self.remote.close()
+        code = self.process.returncode if self.process.returncode is not None else -1
+        errors.seek(0)
+        stderr_tail = errors.read()[-4000:].decode("utf-8", "replace")
+        if s.run_finished is not None and self.remote is not None and self.remote.run_finished_seen:
+            result = s.run_finished
+        elif code < 0:
+            name = _signal_name(code)
+            result = RunFinished(
+                s.now(),
+                RunStatus.STOPPED if self._stop_requested_at else RunStatus.FAILED,
+                code,
+                f"the process was killed by {name}"
+                + (
+                    " (the OOM killer?)"
+                    if name == "SIGKILL" and not self._stop_requested_at
+                    else ""
+                ),
+                stderr_tail,
+                time.monotonic() - started,
+            )
+        else:
+            status = RunStatus.FINISHED if code == 0 else RunStatus.FAILED
+            if code == EXIT_STOPPED:
+                status = RunStatus.STOPPED
+            message = stderr_tail.strip().splitlines()[-1] if stderr_tail.strip() else ""
+            result = RunFinished(
+                s.now(),
+                status,
+                code,
+                message or f"the process exited with code {code}",
+                stderr_tail,
+                time.monotonic() - started,
+            )
+        return self._finish(result)
+
+    def _attach(self, path: Path, args: Sequence[str]) -> None:
+        """Wait for the child's agent and attach; a child that dies first is reported."""
+        proc = self.process
+        assert proc is not None
+        deadline = time.monotonic() + AGENT_TIMEOUT_S
+
+        def look() -> bool:  # True: keep waiting for the agent
+            if proc.poll() is not None:
+                return False
+            entry = find_agent(proc.pid)
+            if entry is not None:
+                self.remote = RemoteSource(self.session, entry, report_end=False)
+                try:
+                    self.remote.connect()
+                except AttachError as exc:
+                    self.session.note(str(exc))
+                return False
+            if time.monotonic() > deadline:
+                self.session.note(
+                    f"the child never started its agent within {AGENT_TIMEOUT_S:g} s; stopping it"
+                )
+                proc.terminate()
+                return False
+            if self._stop_requested_at is not None:
+                proc.send_signal(signal.SIGINT)
+                return False
+            return True
+
+        follow(look, threading.Event())
+        if self.remote is None and proc.poll() is not None:
+            # It died before its agent was up (an import error, a bad interpreter).
+            self.session.submit(RunStarted(self.session.now(), str(path), tuple(args), "isolated"))
+
+    def _wait_for_exit(self) -> None:
+        proc = self.process
+        assert proc is not None
+
+        def look() -> bool:  # True: the child still runs
+            if proc.poll() is not None:
+                return False
+            if self._stop_requested_at is not None and time.monotonic() > self._stop_requested_at:
+                end_process(proc)  # it ignored the stop
+            return True
+
+        follow(look, threading.Event())
+        if self.remote is not None:
+            self.remote.ended.wait(2.0)  # the last events, sent as the child exits
+
+    def _finish(self, result: RunFinished) -> RunFinished:
+        s = self.session
+        if s.run_finished is not result:
+            s.submit(result)
+        self.steps_seen = s.steps.steps
+        return result

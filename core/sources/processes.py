@@ -1,0 +1,136 @@
+"""The processes one can attach to: live agents, and the user's other torch processes.
+
+``torchmem ps`` and the Attach dialog list them. A process with an agent shows everything
+a run in the window shows; any other Python process of the user that has torch loaded can
+still be watched from outside (see :mod:`torchmem.sources.watch`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from torchmem.transport.discovery import AgentEntry, list_agents
+
+
+@dataclass
+class ProcessInfo:
+    """A row of ``torchmem ps``: a process, its memory, and its agent if it has one."""
+
+    pid: int
+    cmdline: list[str]
+    rss: int
+    gpu_bytes: int | None
+    agent: AgentEntry | None = None
+    children: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as ``torchmem ps --json`` writes it (never the agent's token)."""
+        return {
+            "pid": self.pid,
+            "cmdline": self.cmdline,
+            "rss_bytes": self.rss,
+            "gpu_bytes": self.gpu_bytes,
+            "attachable": self.agent is not None,
+            "agent": self.agent.public() if self.agent else None,
+        }
+
+
+def _has_torch(proc: psutil.Process) -> bool:
+    """True when the process has loaded libtorch (read from its memory map)."""
+    maps = Path(f"/proc/{proc.pid}/maps")
+    try:
+        if maps.exists():
+            with maps.open("rb") as f:
+                return any(b"libtorch" in line for line in f)
+        return any("libtorch" in m.path for m in proc.memory_maps(grouped=True))
+    except (OSError, psutil.Error):
+        return False
+
+
+def _is_viewer(cmd: list[str]) -> bool:
+    """True for a torchmem window or ``torchmem ps/attach`` (torch loaded, nothing to
+    attach to): ``torchmem ...`` or ``python -m torchmem ...`` other than ``run``."""
+    for i, arg in enumerate(cmd[:3]):
+        module = arg == "torchmem" and cmd[i - 1 : i] == ["-m"]
+        if module or (i < 2 and Path(arg).name == "torchmem"):  # the entry point's script
+            rest = cmd[i + 1 :]
+            return not rest or rest[0] != "run"
+    return False
+
+
+def _gpu_bytes_by_pid() -> dict[int, int]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    used: dict[int, int] = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if p.usedGpuMemory is not None:
+                    used[p.pid] = used.get(p.pid, 0) + int(p.usedGpuMemory)
+    except Exception:
+        pass
+    return used
+
+
+def list_processes(include_plain: bool = True) -> list[ProcessInfo]:
+    """Every live agent, and (``include_plain``) every other Python process of this user
+    with torch loaded, oldest first."""
+    agents = {e.pid: e for e in list_agents()}
+    gpu = _gpu_bytes_by_pid()
+    me = os.getpid()
+    uid = os.getuid()
+    rows: list[ProcessInfo] = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "uids", "memory_info"]):
+        info = proc.info
+        pid = info["pid"]
+        if pid == me:
+            continue
+        agent = agents.get(pid)
+        if agent is None:
+            if not include_plain:
+                continue
+            uids = info.get("uids")
+            if uids is None or uids.real != uid:
+                continue
+            name = (info.get("name") or "").lower()
+            cmd = info.get("cmdline") or []
+            if "python" not in name and not (cmd and "python" in Path(cmd[0]).name):
+                continue
+            if _is_viewer(cmd):
+                continue
+            if not _has_torch(proc):
+                continue
+        mem = info.get("memory_info")
+        rows.append(
+            ProcessInfo(
+                pid,
+                list(info.get("cmdline") or (agent.argv if agent else [])),
+                int(mem.rss) if mem else 0,
+                gpu.get(pid),
+                agent,
+            )
+        )
+    return rows
+
+
+def agents_for(pid: int) -> list[AgentEntry]:
+    """Agents of ``pid`` itself, or (for a launcher such as torchrun) of its descendants."""
+    agents = list_agents()
+    own = [e for e in agents if e.pid == pid]
+    if own:
+        return own
+    try:
+        children = {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return []
+    return sorted((e for e in agents if e.pid in children), key=lambda e: (e.rank or 0, e.pid))

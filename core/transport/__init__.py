@@ -1,0 +1,1 @@
+"""Between processes: agent discovery, frames, events on the wire, the client, injection."""

@@ -1,0 +1,132 @@
+"""The small models that pace work inside the training loop, and the job's totals.
+
+Each of them decides something a user sees: how often censuses and boundary readings come
+(and so how much monitoring slows training), and the job total drawn beside the ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from torchmem.events import Sample
+from torchmem.probe.step_pace import RECOMPUTE_EVERY, StepPace
+from torchmem.series import scope_label, series_label, split_key, split_scope
+from torchmem.session import Session
+from torchmem.sources.inprocess import BoundaryClock
+from torchmem.sources.totals import RankTotals
+from torchmem.tensors.schedule import CensusSchedule
+
+
+def paced(step_s: float, steps: int = 20) -> StepPace:
+    pace = StepPace()
+    for i in range(steps):
+        pace.on_step(i * step_s)
+    return pace
+
+
+# -- StepPace -----------------------------------------------------------------------------
+def test_step_pace_is_the_median_so_one_slow_step_does_not_count():
+    pace = StepPace()
+    t = 0.0
+    for i in range(40):
+        t += 5.0 if i == 20 else 0.1  # an evaluation pass between two steps
+        pace.on_step(t)
+    assert pace.step_time == pytest.approx(0.1)
+
+
+def test_step_pace_follows_a_change_within_a_window_and_forgets_on_reset():
+    pace = paced(0.1, 40)
+    t = 40 * 0.1
+    for _ in range(31 + RECOMPUTE_EVERY):  # a window of slower steps (a bigger batch)
+        t += 0.4
+        pace.on_step(t)
+    assert pace.step_time == pytest.approx(0.4)
+    pace.reset()
+    assert pace.step_time is None
+    pace.on_step(100.0)
+    assert pace.step_time is None  # one boundary is no interval
+
+
+# -- CensusSchedule -----------------------------------------------------------------------
+def test_census_schedule_keeps_census_time_under_its_budget():
+    schedule = CensusSchedule(pace=paced(0.1), warmup=2)
+    assert not schedule.on_step(1)  # warm-up: the first steps allocate everything
+    assert schedule.on_step(2)  # the first census measures its own cost
+    schedule.record(2, duration_s=0.0495)  # half a step: 1 % needs one every 50 steps
+    assert schedule.interval == 50
+    assert schedule.overhead <= 0.01
+    assert not any(schedule.on_step(s) for s in range(3, 52))
+    assert schedule.on_step(52)
+
+
+def test_census_schedule_fixed_interval_disabled_and_reset():
+    fixed = CensusSchedule(every=5, pace=paced(0.1))
+    fixed.record(2, 10.0)  # a fixed interval ignores the cost
+    assert next(s for s in range(3, 20) if fixed.on_step(s)) == 7
+    off = CensusSchedule(enabled=False, pace=paced(0.1))
+    assert not any(off.on_step(s) for s in range(100))
+    fixed.reset()
+    assert fixed.last_step is None and fixed.cost is None
+    assert fixed.on_step(3)  # a new run starts with a census again
+
+
+# -- the boundary clock -------------------------------------------------------------------
+def test_boundary_readings_every_step_while_they_are_cheap():
+    clock = BoundaryClock(paced(0.1))
+    clock.cost(20e-6)  # 20 µs against 100 ms steps
+    assert all(clock.due() for _ in range(50))
+
+
+def test_boundary_readings_thin_out_for_tiny_steps_and_recover_from_one_slow_read():
+    clock = BoundaryClock(paced(1e-3))  # 1 ms steps: 1 % is 10 µs
+    clock.cost(35e-6)
+    due = [clock.due() for _ in range(40)]
+    assert sum(due) == 10  # one in every 4 steps
+    clock.cost(1.0)  # a page fault: counted at most 4x the running cost
+    assert clock.read_cost < 1e-3
+
+
+# -- RankTotals ---------------------------------------------------------------------------
+def test_rank_totals_sum_latest_readings_once_every_rank_reported():
+    session = Session()
+    totals = RankTotals(session, {"rank0", "rank1"}, since=0.0)
+    session.submit(Sample(1.0, {"rank0/cpu/rss": 100.0, "rank0/cuda:0/peak_allocated": 7.0}))
+    assert "total/cpu/rss" not in session.series  # rank 1 has not reported: no total yet
+    session.submit(Sample(1.1, {"rank1/cpu/rss": 50.0}))
+    session.submit(Sample(1.2, {"rank0/cpu/rss": 120.0}))
+    assert session.latest()["total/cpu/rss"][0] == 170.0  # rank 0's newest plus rank 1's
+    assert "total/cuda:0/peak_allocated" not in session.series  # peaks are never summed
+    totals.forget("rank1")  # it ended: its last reading holds nothing any more
+    session.submit(Sample(1.3, {"rank0/cpu/rss": 130.0}))
+    assert session.latest()["total/cpu/rss"][0] == 130.0
+    totals.close()
+    session.submit(Sample(1.4, {"rank0/cpu/rss": 1.0}))
+    assert session.latest()["total/cpu/rss"][0] == 130.0
+
+
+def test_rank_totals_leave_out_replayed_history():
+    session = Session()
+    RankTotals(session, {"rank0"}, since=10.0)
+    session.submit(Sample(5.0, {"rank0/cpu/rss": 100.0}))  # from before the attach
+    assert "total/cpu/rss" not in session.series
+
+
+# -- series keys --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("key", "scope", "device", "metric", "label"),
+    [
+        ("cpu/rss", "", "cpu", "rss", "process RSS"),
+        ("cuda:0/allocated", "", "cuda:0", "allocated", "cuda:0 allocated"),
+        ("rank1/cpu/rss", "rank1", "cpu", "rss", "rank 1 process RSS"),
+        ("pid42/cuda:1/reserved", "pid42", "cuda:1", "reserved", "pid 42 cuda:1 reserved"),
+        ("total/system/available", "total", "system", "available", "total system available"),
+        ("cpu/some_new_metric", "", "cpu", "some_new_metric", "some_new_metric"),
+    ],
+)
+def test_series_keys_split_and_label(key, scope, device, metric, label):
+    got_scope, rest = split_scope(key)
+    assert got_scope == scope
+    assert split_key(rest) == (device, metric)
+    assert series_label(key) == label
+    if scope:
+        assert scope_label(scope) in label

@@ -1,0 +1,60 @@
+"""Every source offers the same requests, and every command is known in one table."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchmem.agent import INLINE_REQUESTS
+from torchmem.events import CommandResult
+from torchmem.probe.backends import ProcessBackend
+from torchmem.probe.commands import COMMANDS
+from torchmem.session import Session
+from torchmem.sources.attached import AttachedRun
+from torchmem.sources.base import Source
+from torchmem.sources.inprocess import InProcessSource
+from torchmem.sources.isolated import IsolatedSource
+
+
+@pytest.fixture
+def sources():
+    session = Session()
+    made = [
+        InProcessSource(session, [ProcessBackend()]),
+        IsolatedSource(session),
+        AttachedRun(session, pid=1),
+    ]
+    yield made
+    for source in made:
+        source.close()
+
+
+def test_every_source_is_a_source_and_answers_a_command_with_a_list(sources):
+    for source in sources:
+        assert isinstance(source, Source), type(source).__name__
+        results = source.command("reset_peaks")
+        assert isinstance(results, list) and len(results) == 1
+        assert isinstance(results[0], CommandResult)
+    inproc, isolated, attached = (r.command("reset_peaks")[0] for r in sources)
+    assert inproc.ok
+    # Nothing to send it to: said, not raised, and the same shape as a success.
+    assert not isolated.ok and "no isolated run" in isolated.message
+    assert not attached.ok and "has no agent" in attached.message
+
+
+def test_every_measured_command_runs_in_this_process():
+    source = InProcessSource(Session(), [ProcessBackend()])
+    try:
+        for command in COMMANDS.values():
+            if command.measured and command.name != "census":
+                (result,) = source.command(command.name)
+                assert "unknown command" not in result.message, command.name
+        (unknown,) = source.command("bogus")
+        assert not unknown.ok and "unknown command" in unknown.message
+    finally:
+        source.close()
+
+
+def test_the_command_table_labels_every_command_and_keeps_apart_from_protocol_requests():
+    assert not set(COMMANDS) & set(INLINE_REQUESTS)
+    for command in COMMANDS.values():
+        assert command.label and command.label[0] not in " .", command.name
