@@ -1,8 +1,8 @@
 """The event types every source emits and the Session consumes.
 
-Sources (the in-process runner, the sampler, later agents in other processes) speak only
-these types; the Session never cares where an event came from. Each is a small frozen
-dataclass so that it can cross threads (and later a socket) as plain data.
+Sources (the in-process runner, the sampler, agents in other processes) speak only these
+types; the Session never cares where an event came from. Each is a small frozen
+dataclass, so that it crosses threads as it is and a socket as plain data (transport.wire).
 """
 
 from __future__ import annotations
@@ -105,6 +105,20 @@ class RunFinished:
     traceback: str = ""
     duration_s: float = 0.0
 
+    def headline(self, steps: int) -> str:
+        """``Failed (exit code 1) after 12.3 s, 400 steps``: how it ended, in one line."""
+        from torchmem.units import format_duration
+
+        code = (
+            "exit status unknown"
+            if self.status is RunStatus.KILLED
+            else f"exit code {self.exit_code}"
+        )
+        return (
+            f"{self.status.value.capitalize()} ({code}) after "
+            f"{format_duration(self.duration_s)}, {steps:,} steps"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
@@ -192,6 +206,16 @@ class Alert:
     per_minute: float = 0.0
     culprits: tuple[dict[str, Any], ...] = ()
     raised_step: int = 0
+
+    @property
+    def is_new(self) -> bool:
+        """True for the event that raised the alert (not an update, not its resolution)."""
+        return self.state is AlertState.ACTIVE and self.step == self.raised_step
+
+    @property
+    def headline(self) -> str:
+        """``⚠ epoch growth: cpu/rss at the start of each epoch rose…``."""
+        return f"⚠ {self.kind.replace('_', ' ')}: {self.message}"
 
     def to_json(self) -> dict[str, Any]:
         """The alert as written in a run summary."""

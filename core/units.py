@@ -1,6 +1,8 @@
-"""Byte units: one place that decides how memory figures are written."""
+"""Byte units: one place that decides how memory figures are written, and read."""
 
 from __future__ import annotations
+
+import re
 
 UNITS: dict[str, int] = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
@@ -27,6 +29,21 @@ def format_bytes(nbytes: float, unit: str | None = None, signed: bool = False) -
     value = nbytes / UNITS[unit]
     decimals = 2 if abs(value) < 100 else 1
     return f"{sign}{value:,.{decimals}f} {unit}"
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """``6GiB``, ``6G``, ``512 MiB``, ``1.5GB``, ``1000000`` as bytes. Binary and
+    decimal suffixes both mean powers of 1024 (as nvidia-smi and PyTorch's summaries count).
+    ValueError, saying what is accepted, for anything else."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (write e.g. 6GiB, 512MiB or a number of bytes)")
+    number, prefix = float(match.group(1)), match.group(2).lower()
+    factor = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[prefix]
+    return int(number * factor)
 
 
 def format_duration(seconds: float, coarse: bool = False) -> str:

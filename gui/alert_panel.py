@@ -19,6 +19,8 @@ from torchmem.events import Alert, AlertState, Severity
 from torchmem.session import Session
 from torchmem.units import format_bytes
 
+from .bridge import SessionBridge
+
 SEVERITY_COLORS = {Severity.CRITICAL: "#d62728", Severity.WARNING: "#ff7f0e"}
 RESOLVED_COLOR = "#2ca02c"
 
@@ -40,6 +42,8 @@ class AlertPanel(QWidget):
     show_tensors = Signal(str)
     #: The user muted the alert with this key.
     mute_requested = Signal(str)
+    #: The list was redrawn (the number of active alerts may have changed).
+    changed = Signal()
 
     def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -77,6 +81,10 @@ class AlertPanel(QWidget):
         """Alerts whose condition lasts."""
         return sum(1 for a in self._alerts if a.state == "active")
 
+    def bind(self, bridge: SessionBridge) -> None:
+        """Redraw whenever an alert is raised, updated or resolved."""
+        bridge.when((Alert,), self.refresh)
+
     @Slot()
     def refresh(self) -> None:
         """Show the Session's alerts, newest first."""
@@ -109,6 +117,7 @@ class AlertPanel(QWidget):
         if self.tree.currentItem() is None and self.tree.topLevelItemCount():
             self.tree.setCurrentItem(self.tree.topLevelItem(0))
         self._update_buttons()
+        self.changed.emit()
 
     def selected(self) -> Alert | None:
         """The alert selected in the list."""

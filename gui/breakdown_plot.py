@@ -14,9 +14,12 @@ from PySide6.QtCore import Qt, Slot
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
+from torchmem.events import CensusTaken
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, KINDS
 from torchmem.units import UNITS, auto_unit, format_bytes
+
+from .bridge import SessionBridge
 
 KIND_COLORS = {
     "parameter": "#1f77b4",
@@ -89,6 +92,16 @@ class BreakdownPlot(QWidget):
         self.plot.setBackground(self.palette().color(QPalette.Base))
 
     @Slot()
+    def bind(self, bridge: SessionBridge) -> None:
+        """Redraw for each census, and every few steps while shown (the step axis grows)."""
+        bridge.when((CensusTaken,), self.refresh)
+        bridge.changed.connect(self._on_changed)
+
+    @Slot()
+    def _on_changed(self) -> None:
+        if self.isVisible():
+            self.refresh()  # redraws only for a new census or 10 more steps
+
     def refresh(self, force: bool = False) -> None:
         """Redraw from the Session's census history when it changed."""
         history = self.session.breakdown()

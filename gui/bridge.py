@@ -9,6 +9,7 @@ throttles redraws by construction, however fast samples or log lines arrive.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
@@ -33,6 +34,7 @@ class SessionBridge(QObject):
         self._pending: list[Event] = []
         self._seen_revision = -1
         self.redraws = 0
+        self._watchers: list[tuple[tuple[type, ...], Callable[[], None]]] = []
         self._unsubscribe = session.subscribe(self._on_event)
         self._timer = QTimer(self)
         self._timer.setInterval(int(1000 / REDRAW_HZ))
@@ -45,12 +47,20 @@ class SessionBridge(QObject):
             with self._lock:
                 self._pending.append(event)
 
+    def when(self, kinds: tuple[type, ...], slot: Callable[[], None]) -> None:
+        """Call ``slot()`` (on the GUI thread) after each batch of events that holds one of
+        ``kinds``: how a view that redraws on, say, a new census subscribes itself."""
+        self._watchers.append((kinds, slot))
+
     @Slot()
     def _tick(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
         if pending:
             self.events.emit(pending)
+            for kinds, slot in self._watchers:
+                if any(isinstance(event, kinds) for event in pending):
+                    slot()
         if self.session.revision != self._seen_revision:
             self._seen_revision = self.session.revision
             self.redraws += 1

@@ -6,6 +6,7 @@ import gc
 import shlex
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
@@ -27,15 +28,12 @@ from PySide6.QtWidgets import (
 from torchmem import __version__
 from torchmem.events import (
     Alert,
-    AlertState,
-    CensusTaken,
     CommandResult,
-    LogRecord,
     RunFinished,
     RunStarted,
     RunStatus,
-    Stream,
 )
+from torchmem.probe.commands import COMMANDS
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.probe.sampler import MAX_HZ, MIN_HZ
 from torchmem.resources import path as resource_path
@@ -45,7 +43,6 @@ from torchmem.sources.attached import AttachedRun
 from torchmem.sources.base import Source
 from torchmem.sources.inprocess import InProcessSource
 from torchmem.sources.isolated import IsolatedSource
-from torchmem.units import format_duration
 
 from .alert_panel import AlertPanel
 from .banner import Banner
@@ -66,19 +63,200 @@ UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
 # Bumped whenever docks are added or moved: a dock layout saved by an older version would
 # put new docks in odd places, so it is not restored.
 LAYOUT_VERSION = 3
-COMMAND_LABELS = {
-    "gc_collect": "gc.collect()",
-    "empty_cache": "empty_cache()",
-    "reset_peaks": "Reset peaks",
-    "census": "Census of live tensors",
-    "history_start": "Start recording CUDA allocation history",
-    "history_stop": "Stop recording CUDA allocation history",
-    "snapshot": "Memory snapshot",
-}
+
+
+class ActionSpec(NamedTuple):
+    """One action of the window: built by :meth:`MainWindow._build_actions` as ``self.<attr>``."""
+
+    attr: str
+    text: str
+    #: A method of the window, or ``command:NAME`` for a command of probe.commands.COMMANDS.
+    slot: str
+    shortcut: str | None = None
+    tip: str = ""
+    checkable: bool = False
+
+
+#: Every action of the window, in menu order within each menu.
+ACTIONS = (
+    ActionSpec(
+        "act_open",
+        "&Open script…",
+        "open_script_dialog",
+        "Ctrl+O",
+        "Choose a Python training script to run",
+    ),
+    ActionSpec(
+        "act_demo",
+        "Open the &demo",
+        "open_demo",
+        None,
+        "Run the bundled demo: a small CNN on synthetic data",
+    ),
+    ActionSpec(
+        "act_run",
+        "&Run",
+        "run",
+        "F5",
+        "Run the script in a background thread",
+    ),
+    ActionSpec(
+        "act_stop",
+        "&Stop",
+        "stop",
+        "Shift+F5",
+        "Stop the script at its next step (forced after 2 s)",
+    ),
+    ActionSpec(
+        "act_rerun",
+        "R&e-run",
+        "rerun",
+        "Ctrl+R",
+        "Stop if running, then run again",
+    ),
+    ActionSpec(
+        "act_abandon",
+        "A&bandon the run",
+        "abandon_run",
+        None,
+        "Let go of a script that does not stop because it is blocked in a C call: the window "
+        "is free again, the script's thread ends when the call returns, and the next run "
+        "goes to a separate process",
+    ),
+    ActionSpec(
+        "act_quit",
+        "&Quit",
+        "close",
+        "Ctrl+Q",
+        "Stop the script and quit",
+    ),
+    ActionSpec(
+        "act_isolated",
+        "Run in a separate &process",
+        "_toggle_isolated",
+        None,
+        "Run scripts as `torchmem run` in a child process and attach to it: for scripts that "
+        "use signals, spawn DataLoader workers or need allocator settings; a crash there "
+        "never takes the window",
+        checkable=True,
+    ),
+    ActionSpec(
+        "act_attach",
+        "&Attach to a process…",
+        "open_attach_dialog",
+        "Ctrl+Shift+A",
+        "Show a running process: one with torchmem.serve() or started by `torchmem run "
+        "--attachable` (everything), or any torch process (RSS and GPU memory)",
+    ),
+    ActionSpec(
+        "act_inject",
+        "&Inject the agent (experimental)",
+        "inject_agent",
+        None,
+        "Start torchmem's agent inside the watched process (gdb on Python < 3.14, "
+        "sys.remote_exec on 3.14), for steps, tensors, alerts and commands",
+    ),
+    ActionSpec(
+        "act_detach",
+        "&Detach",
+        "detach",
+        "Ctrl+Shift+D",
+        "Stop showing the attached process; it carries on",
+    ),
+    ActionSpec(
+        "act_gc",
+        "gc.collect()",
+        "command:gc_collect",
+        "Ctrl+G",
+        "Run Python's garbage collector and show what it freed",
+    ),
+    ActionSpec(
+        "act_empty",
+        "empty_cache()",
+        "command:empty_cache",
+        "Ctrl+E",
+        "Return the accelerator allocator's unused cache to the device",
+    ),
+    ActionSpec(
+        "act_reset",
+        "Reset peaks",
+        "command:reset_peaks",
+        "Ctrl+Shift+P",
+        "Start new peak figures from now",
+    ),
+    ActionSpec(
+        "act_history",
+        "Record CUDA allocation &history",
+        "_toggle_history",
+        None,
+        "Record every CUDA allocation and free with its Python stack (the newest 100,000), "
+        "for a memory snapshot; slows allocation a little while on",
+        checkable=True,
+    ),
+    ActionSpec(
+        "act_snapshot",
+        "Save a memory &snapshot (memory_viz)",
+        "command:snapshot",
+        "Ctrl+Shift+S",
+        "Write the CUDA allocator's segments, blocks and recorded history to a file for "
+        "https://pytorch.org/memory_viz",
+    ),
+    ActionSpec(
+        "act_census",
+        "Take a &census",
+        "command:census",
+        "Ctrl+Shift+C",
+        "List every live tensor by storage, with names",
+    ),
+    ActionSpec(
+        "act_leak_settings",
+        "&Leak detection settings…",
+        "edit_leak_settings",
+        None,
+        "Thresholds and warm-up of leak and capacity alerts",
+    ),
+    ActionSpec(
+        "act_steps",
+        "X axis in &steps",
+        "_toggle_x_mode",
+        "Ctrl+T",
+        "Show the X axis in training steps instead of seconds",
+        checkable=True,
+    ),
+    ActionSpec(
+        "act_follow",
+        "&Follow",
+        "_toggle_follow",
+        "F",
+        "Keep the newest data in view",
+        checkable=True,
+    ),
+    ActionSpec(
+        "act_pause",
+        "&Pause drawing",
+        "_toggle_pause",
+        "Space",
+        "Freeze the traces; data is still recorded",
+        checkable=True,
+    ),
+    ActionSpec(
+        "act_shortcuts",
+        "&Keyboard shortcuts",
+        "show_shortcuts",
+        "F1",
+        "List the keyboard shortcuts",
+    ),
+    ActionSpec(
+        "act_about",
+        "&About torchmem",
+        "show_about",
+        None,
+    ),
+)
 
 
 class MainWindow(QMainWindow):
-    """The torchmem window around one Session and one in-process source."""
+    """The torchmem window: the views of one Session, and the actions on its runs."""
 
     def __init__(
         self, source: InProcessSource | None = None, settings: QSettings | None = None
@@ -95,7 +273,6 @@ class MainWindow(QMainWindow):
         self.cwd: str | None = None
         self.last_result: RunFinished | None = None
         self.force_exit_needed = False
-        self._runs = 0
 
         self.setWindowTitle("torchmem")
         self.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
@@ -107,6 +284,11 @@ class MainWindow(QMainWindow):
         self._connect_runs()
         # From here on every cyclic collection of this process runs in the GUI thread.
         self._collector = GuiThreadCollector.acquire()
+        # Each view subscribes to the bridge itself; the window only keeps its own labels,
+        # actions, banner and status bar in step.
+        for view in (self.plot, self.readings, self.log, self.tensors, self.breakdown, self.alerts):
+            view.bind(self.bridge)
+        self.alerts.changed.connect(self._update_alert_badge)
         self.bridge.changed.connect(self._on_changed)
         self.bridge.events.connect(self._on_events)
         self.plot.follow_changed.connect(self.act_follow.setChecked)
@@ -190,129 +372,15 @@ class MainWindow(QMainWindow):
         return act
 
     def _build_actions(self) -> None:
-        a = self._action
-        self.act_open = a(
-            "&Open script…",
-            self.open_script_dialog,
-            "Ctrl+O",
-            "Choose a Python training script to run",
-        )
-        self.act_demo = a(
-            "Open the &demo",
-            self.open_demo,
-            None,
-            "Run the bundled demo: a small CNN on synthetic data",
-        )
-        self.act_run = a("&Run", self.run, "F5", "Run the script in a background thread")
-        self.act_stop = a(
-            "&Stop", self.stop, "Shift+F5", "Stop the script at its next step (forced after 2 s)"
-        )
-        self.act_rerun = a("R&e-run", self.rerun, "Ctrl+R", "Stop if running, then run again")
-        self.act_abandon = a(
-            "A&bandon the run",
-            self.abandon_run,
-            None,
-            "Let go of a script that does not stop because it is blocked in a C call: the "
-            "window is free again, the script's thread ends when the call returns, and "
-            "the next run goes to a separate process",
-        )
-        self.act_quit = a("&Quit", self.close, "Ctrl+Q", "Stop the script and quit")
-        self.act_isolated = a(
-            "Run in a separate &process",
-            self._toggle_isolated,
-            None,
-            "Run scripts as `torchmem run` in a child process and attach to it: for scripts "
-            "that use signals, spawn DataLoader workers or need allocator settings; a crash "
-            "there never takes the window",
-            checkable=True,
-        )
-        self.act_attach = a(
-            "&Attach to a process…",
-            self.open_attach_dialog,
-            "Ctrl+Shift+A",
-            "Show a running process: one with torchmem.serve() or started by `torchmem run "
-            "--attachable` (everything), or any torch process (RSS and GPU memory)",
-        )
-        self.act_inject = a(
-            "&Inject the agent (experimental)",
-            self.inject_agent,
-            None,
-            "Start torchmem's agent inside the watched process (gdb on Python < 3.14, "
-            "sys.remote_exec on 3.14), for steps, tensors, alerts and commands",
-        )
-        self.act_detach = a(
-            "&Detach",
-            self.detach,
-            "Ctrl+Shift+D",
-            "Stop showing the attached process; it carries on",
-        )
-        self.act_gc = a(
-            "gc.collect()",
-            lambda: self.run_command("gc_collect"),
-            "Ctrl+G",
-            "Run Python's garbage collector and show what it freed",
-        )
-        self.act_empty = a(
-            "empty_cache()",
-            lambda: self.run_command("empty_cache"),
-            "Ctrl+E",
-            "Return the accelerator allocator's unused cache to the device",
-        )
-        self.act_reset = a(
-            "Reset peaks",
-            lambda: self.run_command("reset_peaks"),
-            "Ctrl+Shift+P",
-            "Start new peak figures from now",
-        )
-        self.act_history = a(
-            "Record CUDA allocation &history",
-            self._toggle_history,
-            None,
-            "Record every CUDA allocation and free with its Python stack (the newest "
-            "100,000), for a memory snapshot; slows allocation a little while on",
-            checkable=True,
-        )
-        self.act_snapshot = a(
-            "Save a memory &snapshot (memory_viz)",
-            lambda: self.run_command("snapshot"),
-            "Ctrl+Shift+S",
-            "Write the CUDA allocator's segments, blocks and recorded history to a file "
-            "for https://pytorch.org/memory_viz",
-        )
-        self.act_census = a(
-            "Take a &census",
-            lambda: self.run_command("census"),
-            "Ctrl+Shift+C",
-            "List every live tensor by storage, with names",
-        )
-        self.act_leak_settings = a(
-            "&Leak detection settings…",
-            self.edit_leak_settings,
-            None,
-            "Thresholds and warm-up of leak and capacity alerts",
-        )
-        self.act_steps = a(
-            "X axis in &steps",
-            self._toggle_x_mode,
-            "Ctrl+T",
-            "Show the X axis in training steps instead of seconds",
-            checkable=True,
-        )
-        self.act_follow = a(
-            "&Follow", self._toggle_follow, "F", "Keep the newest data in view", checkable=True
-        )
+        for spec in ACTIONS:
+            if spec.slot.startswith("command:"):
+                name = spec.slot.removeprefix("command:")
+                handler = lambda name=name: self.run_command(name)  # noqa: E731
+            else:
+                handler = getattr(self, spec.slot)
+            action = self._action(spec.text, handler, spec.shortcut, spec.tip, spec.checkable)
+            setattr(self, spec.attr, action)
         self.act_follow.setChecked(True)
-        self.act_pause = a(
-            "&Pause drawing",
-            self._toggle_pause,
-            "Space",
-            "Freeze the traces; data is still recorded",
-            checkable=True,
-        )
-        self.act_shortcuts = a(
-            "&Keyboard shortcuts", self.show_shortcuts, "F1", "List the keyboard shortcuts"
-        )
-        self.act_about = a("&About torchmem", self.show_about)
 
     def _build_toolbar(self) -> None:
         tb = QToolBar("Main", self)
@@ -651,7 +719,6 @@ class MainWindow(QMainWindow):
             self.show_error(str(exc))
             return False
         self.banner.hide()
-        self._runs += 1
         self._clear_views()
         self.setWindowTitle(f"{Path(self.script).name} – torchmem")
         self.runs.start_script(
@@ -765,7 +832,6 @@ class MainWindow(QMainWindow):
             self.show_error("Stop the running script (Shift+F5) or detach before attaching.")
             return False
         self.banner.hide()
-        self._runs += 1
         self._clear_views()
         run = self.runs.start_attach(pid, self.rate_spin.value(), entries, inject)
         self.tensors.referrers = run.referrers
@@ -824,9 +890,7 @@ class MainWindow(QMainWindow):
         self.tensors.clear()
         self.breakdown.refresh(force=True)
         self.alerts.refresh()
-        self._update_alert_badge()
-        if self._runs > 1:
-            self.log.append_records([LogRecord(0, Stream.TORCHMEM, "─" * 60)])
+        self.log.start_section()
         self.last_result = None
 
     @Slot(str)
@@ -855,11 +919,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_changed(self) -> None:
-        self.plot.refresh()
         self._update_rank_combo()
-        self.readings.refresh()
-        if self.breakdown.isVisible():
-            self.breakdown.refresh()  # redraws only for a new census or 10 more steps
         samples = self.session.samples
         self.samples_label.setText(f"{samples:,} samples")
         if self.running and self.session.run_finished is None:
@@ -875,36 +935,20 @@ class MainWindow(QMainWindow):
 
     @Slot(list)
     def _on_events(self, events: list) -> None:
-        # In order: the "running …" line comes before the script's first output.
-        logs: list[LogRecord] = []
+        # What the window itself shows of a run's events (the views render their own).
         for event in events:
-            if isinstance(event, LogRecord):
-                logs.append(event)
-                continue
-            if logs:
-                self.log.append_records(logs)
-                logs = []
             if isinstance(event, RunStarted):
-                where = " (in a separate process)" if self.target is self.isolated else ""
-                text = f"running{where} {shlex.join([event.script, *event.argv])}"
-                self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, text)])
                 self.run_label.setText("● Running")
                 self.act_history.setChecked(False)  # a new process records nothing yet
             elif isinstance(event, RunFinished):
                 self._show_finished(event)
-            elif isinstance(event, Alert):
-                self._on_alert(event)
-            elif isinstance(event, CensusTaken):
-                self.tensors.refresh()
-                self.breakdown.refresh()
+            elif isinstance(event, Alert) and event.is_new:
+                self.statusBar().showMessage(event.headline, 30000)
             elif isinstance(event, CommandResult):
                 self._on_command_result(event)
-        if logs:
-            self.log.append_records(logs)
 
     def _on_command_result(self, event: CommandResult) -> None:
         self.statusBar().showMessage(event.message, 15000)
-        self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, event.message)])
         if event.command == "history_start":
             self.act_history.setChecked(event.ok)
         elif event.command == "history_stop" and event.ok:
@@ -919,22 +963,9 @@ class MainWindow(QMainWindow):
 
     def _show_finished(self, event: RunFinished) -> None:
         self.last_result = event
-        steps = self.session.steps.steps
-        code = (
-            "exit status unknown"
-            if event.status is RunStatus.KILLED
-            else f"exit code {event.exit_code}"
-        )
-        text = (
-            f"{event.status.value.capitalize()} ({code}) after "
-            f"{format_duration(event.duration_s)}, {steps:,} steps"
-        )
+        text = event.headline(self.session.steps.steps)
         self.run_label.setText(text)
         self.run_label.setToolTip(f"{text}: {event.message}")
-        lines = [f"{text}: {event.message}"]
-        if event.traceback:
-            lines.insert(0, event.traceback.rstrip())
-        self.log.append_records([LogRecord(event.t, Stream.TORCHMEM, "\n".join(lines))])
         # The label on the right says how it ended; the message says why (never twice).
         self.statusBar().showMessage(event.message, 30000)
         if event.status in (RunStatus.FAILED, RunStatus.OOM, RunStatus.KILLED):
@@ -965,7 +996,7 @@ class MainWindow(QMainWindow):
                 10000,
             )
             return
-        self.statusBar().showMessage(f"{COMMAND_LABELS.get(name, name)}…")
+        self.statusBar().showMessage(f"{COMMANDS[name].label}…")
         self.runs.run_command(name)
 
     # -- state ----------------------------------------------------------------------------
@@ -1001,15 +1032,6 @@ class MainWindow(QMainWindow):
             self.run_label.setText("No script: Ctrl+O to open one, Ctrl+Shift+A to attach")
 
     # -- alerts ---------------------------------------------------------------------------
-    def _on_alert(self, alert: Alert) -> None:
-        self.alerts.refresh()
-        self._update_alert_badge()
-        if alert.state is AlertState.ACTIVE and alert.step == alert.raised_step:
-            text = f"⚠ {alert.kind.replace('_', ' ')}: {alert.message}"
-            self.statusBar().showMessage(text, 30000)
-            fix = f"\n  fix: {alert.suggestion}" if alert.suggestion else ""
-            self.log.append_records([LogRecord(alert.t, Stream.TORCHMEM, text + fix)])
-
     def _update_alert_badge(self) -> None:
         count = self.alerts.active_count
         self.alerts_dock.setWindowTitle(f"Alerts ({count})" if count else "Alerts")
@@ -1028,7 +1050,6 @@ class MainWindow(QMainWindow):
         """Stop reporting one alert signature in this session."""
         self.session.mute(key)
         self.alerts.refresh()
-        self._update_alert_badge()
         self.statusBar().showMessage(f"Muted {key}", 5000)
 
     def edit_leak_settings(self) -> None:

@@ -12,6 +12,7 @@ from torchmem.series import METRICS, series_label, split_key
 from torchmem.session import Session
 from torchmem.units import format_bytes, format_duration
 
+from .bridge import SessionBridge
 from .trace_plot import series_color
 
 #: A reading older than this (seconds) next to the others is shown with its age, greyed.
@@ -47,6 +48,10 @@ class ReadingsTable(QTableWidget):
             "Current value as a share of the device's total memory (RAM for host series)."
         )
         self._rows: dict[str, int] = {}
+
+    def bind(self, bridge: SessionBridge) -> None:
+        """Refresh the figures at the bridge's redraw rate."""
+        bridge.changed.connect(self.refresh)
 
     def refresh(self) -> None:
         """Update every row from the Session."""

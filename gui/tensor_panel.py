@@ -29,6 +29,7 @@ from torchmem.tensors.model import KIND_LABELS, StorageInfo, TensorInfo
 from torchmem.tensors.referrers import referrers_of
 from torchmem.units import format_bytes
 
+from .bridge import SessionBridge
 from .tensor_model import TensorFilterProxy, TensorModel
 
 NO_CENSUS = "No census yet: press Refresh while a script runs."
@@ -127,6 +128,10 @@ class TensorPanel(QWidget):
         self.changes.setVisible(shown)
 
     @Slot()
+    def bind(self, bridge: SessionBridge) -> None:
+        """Show each new census as it arrives."""
+        bridge.when((CensusTaken,), self.refresh)
+
     def refresh(self) -> None:
         """Show the Session's latest census if it is not shown yet."""
         latest, previous = self.session.censuses()

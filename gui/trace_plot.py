@@ -18,6 +18,8 @@ from torchmem.series import METRICS, series_label, split_key, split_scope
 from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
 
+from .bridge import SessionBridge
+
 COLORS = {
     "allocated": "#1f77b4",
     "reserved": "#ff7f0e",
@@ -309,6 +311,10 @@ class TracePlot(pg.GraphicsLayoutWidget):
         return t if self.x_mode == "time" else self.session.to_steps(t)
 
     @Slot()
+    def bind(self, bridge: SessionBridge) -> None:
+        """Redraw at the bridge's rate (at most ~30 times a second)."""
+        bridge.changed.connect(self.refresh)
+
     def refresh(self, force: bool = False) -> None:
         """Pull the Session's data into the curves (no-op while paused)."""
         if self.paused and not force:

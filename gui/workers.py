@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, SignalInstance, Slot
 
 from torchmem.sources.attached import AttachedRun
+from torchmem.sources.base import Script, ScriptSource, Source
 from torchmem.transport.client import AttachError
 
 
@@ -28,7 +28,7 @@ class ScriptWorker(QObject):
     finished = Signal(object)  # RunFinished, or None after an error of torchmem's
     errored = Signal(str)
 
-    def __init__(self, source: Any, script: str, args: list[str], cwd: str | None) -> None:
+    def __init__(self, source: ScriptSource, script: str, args: list[str], cwd: str | None) -> None:
         super().__init__()
         self.source = source
         self.script = script
@@ -40,7 +40,7 @@ class ScriptWorker(QObject):
         """Run the script to its end (the runner never raises for the script's errors)."""
         result = None
         try:
-            result = self.source.run_script(self.script, self.args, self.cwd)
+            result = self.source.run_script(Script(self.script, tuple(self.args), self.cwd))
         except Exception as exc:  # a bug of torchmem's: say it, never hang on "running"
             self.errored.emit(f"{type(exc).__name__}: {exc}")
         finally:
@@ -78,7 +78,7 @@ class AttachWorker(QObject):
 class CommandWorker(QObject):
     """Runs gc.collect / empty_cache / reset peaks off the GUI thread, one at a time."""
 
-    def __init__(self, target: Callable[[], Any]) -> None:
+    def __init__(self, target: Callable[[], Source]) -> None:
         super().__init__()
         self.target = target  # the source commands go to now (local, isolated or attached)
 

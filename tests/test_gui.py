@@ -252,8 +252,16 @@ def test_rerun_while_running_restarts(qtbot, window, script_path):
     window.load_script(script_path("train_forever.py"), [], run=True)
     qtbot.waitUntil(lambda: window.session.steps.steps >= 2, timeout=RUN_TIMEOUT_MS)
     window.act_rerun.trigger()
-    qtbot.waitUntil(lambda: window._runs == 2 and window.running, timeout=RUN_TIMEOUT_MS)
+
+    def second_run_started():
+        log = window.log.toPlainText()
+        return log.count("[torchmem] running ") == 2 and window.running
+
+    qtbot.waitUntil(second_run_started, timeout=RUN_TIMEOUT_MS)
     qtbot.waitUntil(lambda: window.session.steps.steps >= 1, timeout=RUN_TIMEOUT_MS)
+    log = window.log.toPlainText()
+    # The first run's end, a rule, then the second run: the user sees where each begins.
+    assert log.index("Stopped") < log.index("─" * 60) < log.rindex("[torchmem] running ")
     window.stop()
     finish(qtbot, window)
 

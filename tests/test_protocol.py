@@ -208,8 +208,21 @@ def local_agent(runtime_dir):
         source.close()
 
 
+_OPEN_SOCKETS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _close_raw_sockets():
+    """Every raw connection a test opened is closed after it (an unclosed socket is a
+    ResourceWarning, and warnings fail tests)."""
+    yield
+    while _OPEN_SOCKETS:
+        _OPEN_SOCKETS.pop().close()
+
+
 def _raw(entry, *frames, hello=True, token=None):
     sock = connect_socket(entry.address, 5.0)
+    _OPEN_SOCKETS.append(sock)
     if hello:
         sock.sendall(
             encode({"type": "hello", "version": PROTOCOL_VERSION, "token": token or entry.token})

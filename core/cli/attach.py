@@ -21,7 +21,7 @@ def entry_from_file(path: str, address: str | None = None) -> AgentEntry:
     of an SSH-forwarded socket). Raises AttachError with what is wrong."""
     try:
         data = json.loads(Path(path).read_text())
-        entry = AgentEntry(**data)
+        entry = AgentEntry.from_json(data)
     except OSError as exc:
         raise AttachError(f"cannot read the agent entry {path}: {exc.strerror}") from None
     except (ValueError, TypeError):

@@ -24,6 +24,16 @@ from torchmem import __version__
 from torchmem.probe.sampler import MAX_HZ, MIN_HZ
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def _rate(text: str) -> float:
     try:
         hz = float(text)
@@ -34,9 +44,20 @@ def _rate(text: str) -> float:
     return hz
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _script(parser: argparse.ArgumentParser, optional: bool = False) -> None:
+    """The options every way of running a script shares, then the script and its args."""
     parser.add_argument("--hz", type=_rate, default=10.0, help="sampling rate, 1-100 Hz (10)")
     parser.add_argument("--cwd", help="working directory for the script (default: unchanged)")
+    parser.add_argument("script", nargs="?" if optional else None, help="the script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def _outputs(
+    parser: argparse.ArgumentParser, what: str, quiet: str = "no closing line unless it fails"
+) -> None:
+    """``--summary`` and ``--quiet``, shared by the headless commands."""
+    parser.add_argument("--summary", metavar="JSON", help=f"write a JSON summary of {what} here")
+    parser.add_argument("--quiet", action="store_true", help=quiet)
 
 
 def gui_parser() -> argparse.ArgumentParser:
@@ -64,11 +85,9 @@ def gui_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the script in a child process (for signals, DataLoader workers, crashes)",
     )
-    _common(p)
     p.add_argument("--screenshot", metavar="PNG", help=argparse.SUPPRESS)
     p.add_argument("--screenshot-after", type=int, default=20, help=argparse.SUPPRESS)
-    p.add_argument("script", nargs="?", help="the Python script to run")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    _script(p, optional=True)
     return p
 
 
@@ -78,8 +97,7 @@ def run_parser() -> argparse.ArgumentParser:
         prog="torchmem run",
         description="Run SCRIPT with monitoring and no window; exit with its exit code.",
     )
-    p.add_argument("--summary", metavar="JSON", help="write a JSON summary of the run here")
-    p.add_argument("--quiet", action="store_true", help="no closing line unless the run fails")
+    _outputs(p, "the run")
     p.add_argument(
         "--fail-on-leak",
         action="store_true",
@@ -104,10 +122,104 @@ def run_parser() -> argparse.ArgumentParser:
         help="(implies --attachable) wait up to S seconds for a viewer before starting the "
         "script, so that nothing of a short run is missed",
     )
-    _common(p)
-    p.add_argument("script", help="the Python script to run")
+    p.add_argument(
+        "--max-steps",
+        type=_positive_int,
+        metavar="N",
+        help="stop the script cleanly after N training steps, and exit 0 (a quick check)",
+    )
+    _script(p)
+    return p
+
+
+def tune_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem tune``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem tune",
+        description="Find the largest batch size that fits a memory budget: a few trials "
+        "of SCRIPT, each in a fresh process, a fitted memory model, and a verified "
+        "recommendation. No trial's out-of-memory error ever reaches this process.",
+        epilog="Example: torchmem tune --batch-arg --batch-size --budget 6GiB train.py "
+        "--epochs 1   (torchmem's options before the script, the script's after it)",
+    )
+    p.add_argument(
+        "--batch-arg",
+        default="--batch-size",
+        metavar="OPTION",
+        help="the script's batch-size option (default --batch-size); its value is "
+        "replaced in the script's arguments, or appended",
+    )
+    p.add_argument("--min", type=_positive_int, default=1, help="smallest size (1)")
+    p.add_argument("--max", type=_positive_int, default=4096, help="largest size (4096)")
+    p.add_argument(
+        "--budget",
+        metavar="SIZE",
+        help="memory a trial may use: 6GiB, 512MiB, ... (default: half of the available "
+        "RAM on CPU, the device's free memory on CUDA)",
+    )
+    p.add_argument(
+        "--headroom",
+        metavar="SIZE|N%",
+        help="kept free below the budget (default 10%% on CPU, max(10%%, 1 GiB) on CUDA)",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="whose memory the budget is on: cpu (peak RSS of the trial) or cuda:N (peak "
+        "reserved by the allocator); default cpu",
+    )
+    p.add_argument(
+        "--steps", type=_positive_int, default=3, help="measured steps per trial, after one "
+        "warm-up step (3)"
+    )  # fmt: skip
+    p.add_argument(
+        "--rounding",
+        choices=("none", "multiple8", "pow2"),
+        default="none",
+        help="round the recommendation down to a multiple of 8 or a power of two",
+    )
+    p.add_argument(
+        "--max-trials", type=_positive_int, default=10, help="give up after N trials (10)"
+    )
+    _outputs(p, "the search and its trials", quiet="no progress or closing lines")
+    p.add_argument("--cwd", help="working directory for the script (default: unchanged)")
+    p.add_argument("script", help="the training script to tune")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
+
+
+def _tune(argv: list[str]) -> int:
+    # `--batch-arg --batch-size` would read as two options: join the pair first.
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--batch-arg":
+            argv[i : i + 2] = [f"--batch-arg={argv[i + 1]}"]
+            break
+    opts = tune_parser().parse_args(argv)
+    if opts.min > opts.max:
+        tune_parser().error(f"--min {opts.min} is above --max {opts.max}")
+    device = opts.device.strip().lower()
+    if device == "cuda":
+        device = "cuda:0"
+    if device != "cpu" and not device.startswith("cuda:"):
+        tune_parser().error(f"--device must be cpu or cuda:N, not {opts.device!r}")
+    from torchmem.cli.tune import tune_headless
+
+    return tune_headless(
+        opts.script,
+        opts.args,
+        batch_arg=opts.batch_arg,
+        minimum=opts.min,
+        maximum=opts.max,
+        budget=opts.budget,
+        headroom=opts.headroom,
+        device=device,
+        steps=opts.steps,
+        rounding=opts.rounding,
+        max_trials=opts.max_trials,
+        summary_path=opts.summary,
+        cwd=opts.cwd,
+        quiet=opts.quiet,
+    )
 
 
 def command_parser() -> argparse.ArgumentParser:
@@ -118,8 +230,7 @@ def command_parser() -> argparse.ArgumentParser:
         "every Python process of it that imports torch; exit with its exit code.",
         epilog="Example: torchmem run -- torchrun --nproc_per_node=2 train.py",
     )
-    p.add_argument("--summary", metavar="JSON", help="write a JSON summary (every rank) here")
-    p.add_argument("--quiet", action="store_true", help="no closing line unless it fails")
+    _outputs(p, "the job (every rank)")
     p.add_argument("--hz", type=_rate, default=10.0, help="sampling rate of the agents")
     return p
 
@@ -151,8 +262,7 @@ def attach_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds to collect (default: until the process ends or Ctrl+C)",
     )
-    p.add_argument("--summary", metavar="JSON", help="write a JSON summary here")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    _outputs(p, "what was collected", quiet="no progress or closing lines")
     p.add_argument("--hz", type=_rate, default=10.0, help="rate when watching from outside")
     p.add_argument(
         "--inject",
@@ -208,7 +318,7 @@ def _ps(argv: list[str]) -> int:
 
 
 #: The subcommands, for the message about an unknown one.
-COMMANDS = ("run", "ps", "attach")
+SUBCOMMANDS = ("run", "ps", "attach", "tune")
 
 
 def _has_display() -> bool:
@@ -224,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["ps"]:
         return _ps(argv[1:])
+    if argv[:1] == ["tune"]:
+        return _tune(argv[1:])
     if argv[:1] == ["attach"]:
         opts = attach_parser().parse_args(argv[1:])
         from torchmem.cli.attach import attach_headless, entry_from_file
@@ -282,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             attachable=opts.attachable or opts.wait_attach > 0,
             listen=opts.listen,
             wait_attach=opts.wait_attach,
+            max_steps=opts.max_steps,
         )
 
     demo_args: list[str] = []
@@ -302,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command_like = not Path(opts.script).suffix
         print(
             f"torchmem: no such {'script or command' if command_like else 'script'} "
-            f"'{opts.script}' (commands: {', '.join(COMMANDS)}; or a Python script to run "
+            f"'{opts.script}' (commands: {', '.join(SUBCOMMANDS)}; or a Python script to run "
             "in the window)",
             file=sys.stderr,
         )

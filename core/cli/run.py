@@ -8,20 +8,52 @@ its output goes straight to the terminal, and the exit code is the script's.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 from typing import Any
 
+import numpy as np
+
 from torchmem.cli.summary import build_summary, write_summary
-from torchmem.events import AlertKind, RunFinished, RunStatus
+from torchmem.events import AlertKind, Event, Marker, MarkerKind, RunFinished, RunStatus
 from torchmem.probe.parent_watch import ParentWatch
 from torchmem.probe.runner import EXIT_STOPPED
 from torchmem.session import Session
+from torchmem.sources.base import Script
 from torchmem.sources.inprocess import InProcessSource
 from torchmem.units import format_bytes
 
 #: Exit code of ``torchmem run --fail-on-leak`` when a leak alert fired.
 EXIT_LEAK = 4
 LEAK_KINDS = (AlertKind.LEAK, AlertKind.EPOCH_GROWTH)
+
+
+def step_time(session: Session) -> float | None:
+    """The median time of a step after the first (which warms caches and the allocator
+    up), or None with fewer than two steps after it."""
+    times, _ = session.steps.boundaries()
+    intervals = np.diff(times[1:]) if len(times) > 2 else []
+    return round(float(statistics.median(intervals)), 6) if len(intervals) else None
+
+
+class StepLimit:
+    """Stops the run cleanly once it has made ``steps`` steps (``--max-steps``)."""
+
+    def __init__(self, source: InProcessSource, steps: int) -> None:
+        self.source = source
+        self.steps = steps
+        self.reached = False
+        source.session.subscribe(self._on_event)
+
+    def _on_event(self, event: Event) -> None:
+        if (
+            not self.reached
+            and isinstance(event, Marker)
+            and event.kind is MarkerKind.STEP
+            and event.step >= self.steps
+        ):
+            self.reached = True
+            self.source.request_stop()
 
 
 def summary(session: Session, source: InProcessSource, result: RunFinished) -> dict[str, Any]:
@@ -39,6 +71,7 @@ def summary(session: Session, source: InProcessSource, result: RunFinished) -> d
         capacity_bytes=source.capacity(),
         traceback=result.traceback,
         steps=source.steps_seen,  # the runner's own count
+        step_time_s=step_time(session),
     )
 
 
@@ -53,14 +86,18 @@ def run_headless(
     attachable: bool = False,
     listen: str | None = None,
     wait_attach: float = 0.0,
+    max_steps: int | None = None,
 ) -> int:
     """Run ``script`` with monitoring; return its exit code (130 when interrupted).
 
     With ``fail_on_leak``, a run that raised a leak alert exits with :data:`EXIT_LEAK`
-    (unless the script itself failed: its own code wins).
+    (unless the script itself failed: its own code wins). With ``max_steps``, the script
+    is stopped at its step boundary after that many steps, and that counts as success
+    (exit code 0): how tuning trials and quick checks run a few steps of a long training.
     """
     session = Session()
     source = InProcessSource(session, hz=hz)
+    limit = StepLimit(source, max_steps) if max_steps else None
     # An isolated run of the window ends with the window, whatever killed it: from here on,
     # including the wait for the window to attach.
     watch = ParentWatch.from_environment(
@@ -89,14 +126,26 @@ def run_headless(
                 f"torchmem: no viewer attached within {wait_attach:g} s; running anyway\n"
             )
     try:
-        result = source.run_script(script, args, cwd=cwd, capture_output=agent is not None)
+        result = source.run_script(
+            Script(script, tuple(args), cwd, capture_output=agent is not None)
+        )
     finally:
         if watch is not None:
             watch.close()
         source.close()
         if agent is not None:
             agent.close()
+    if limit is not None and limit.reached and result.status is RunStatus.STOPPED:
+        result = RunFinished(
+            result.t,
+            RunStatus.FINISHED,
+            0,
+            f"stopped after {max_steps} steps (--max-steps)",
+            duration_s=result.duration_s,
+        )
     data = summary(session, source, result)
+    if max_steps:
+        data["max_steps"] = max_steps
     if result.traceback:
         sys.stderr.write(result.traceback)
     if not quiet or result.status is not RunStatus.FINISHED:

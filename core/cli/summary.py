@@ -20,7 +20,7 @@ from torchmem.session import Session
 #: Bumped when a key changes meaning or goes; new keys do not bump it.
 SCHEMA_VERSION = 1
 
-Kind = Literal["run", "job", "attach"]
+Kind = Literal["run", "job", "attach", "tune"]
 
 
 def int_peaks(peaks: dict[str, float]) -> dict[str, int]:
@@ -49,18 +49,25 @@ def rank_row(remote: Any) -> dict[str, Any]:
     }
 
 
-def build_summary(kind: Kind, session: Session, **fields: Any) -> dict[str, Any]:
+def build_summary(kind: Kind, session: Session | None, **fields: Any) -> dict[str, Any]:
     """The keys every summary has, from ``session``, then the ``fields`` of its kind
-    (``exit_code``, ``duration_s``, ``ranks``, ``script``, ``pid``, ...)."""
+    (``exit_code``, ``duration_s``, ``ranks``, ``script``, ``pid``, ...).
+
+    A summary of several runs (a tuning search: one process per trial) has no one Session:
+    it passes ``None`` and gives ``steps``, ``samples``, ``peak_bytes`` and ``alerts`` in
+    ``fields``."""
     data: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": kind,
         "torchmem_version": __version__,
-        "steps": session.steps.steps,
-        "samples": session.samples,
-        "peak_bytes": int_peaks(session.peak_bytes()),
-        "alerts": [a.to_json() for a in session.alert_list()],
     }
+    if session is not None:
+        data.update(
+            steps=session.steps.steps,
+            samples=session.samples,
+            peak_bytes=int_peaks(session.peak_bytes()),
+            alerts=[a.to_json() for a in session.alert_list()],
+        )
     data.update(fields)
     return data
 

@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from torchmem.events import Event, LogRecord, RunFinished, RunStarted, RunStatus, Stream
 from torchmem.probe.steps import ScriptStopped, StepTracker
@@ -302,8 +302,3 @@ class ScriptRunner:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(
             ctypes.c_ulong(self._thread_ident), ctypes.py_object(ScriptStopped)
         )
-
-
-def run_script(script: str, args: list[str], **kwargs: Any) -> RunFinished:
-    """Convenience: run a script with a fresh :class:`ScriptRunner`."""
-    return ScriptRunner(script, args, **kwargs).run()

@@ -9,10 +9,26 @@ agents or watched from outside (:class:`~torchmem.sources.attached.AttachedRun`)
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from torchmem.events import CommandResult
+from torchmem.events import CommandResult, RunFinished
 from torchmem.session import Session
+
+
+@dataclass(frozen=True)
+class Script:
+    """A script to run, as the user asked: ``python PATH ARGS`` in ``cwd``.
+
+    ``capture_output`` tees its stdout and stderr into the Session as log records (the
+    window, an agent); without it they only reach the terminal (a plain ``torchmem run``).
+    """
+
+    path: str | os.PathLike[str]
+    args: tuple[str, ...] = ()
+    cwd: str | None = None
+    capture_output: bool = True
 
 
 @runtime_checkable
@@ -54,4 +70,13 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Stop sampling and disconnect; what it watches carries on unless it owns it."""
+        ...
+
+
+@runtime_checkable
+class ScriptSource(Source, Protocol):
+    """A source that runs scripts itself (in this process, or in a child)."""
+
+    def run_script(self, script: Script) -> RunFinished:
+        """Run ``script`` to its end, sampling meanwhile; never raises for the script."""
         ...

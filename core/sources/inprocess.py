@@ -8,7 +8,6 @@ thread; an agent serves it to viewers in other processes.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from torchmem.probe.sampler import Sampler
 from torchmem.probe.step_pace import StepPace
 from torchmem.probe.steps import StepTracker
 from torchmem.session import Session
+from torchmem.sources.base import Script
 from torchmem.tensors.model import TensorInfo, describe_census
 from torchmem.tensors.namespaces import script_namespaces
 from torchmem.tensors.referrers import referrers_of
@@ -113,16 +113,17 @@ class InProcessSource:
         return backends_capacity(self.backends)
 
     # -- runs ---------------------------------------------------------------------------
-    def run_script(
-        self,
-        script: str | os.PathLike[str],
-        args: Sequence[str] = (),
-        cwd: str | None = None,
-        capture_output: bool = True,
-    ) -> RunFinished:
+    def run_script(self, script: Script) -> RunFinished:
         """Run ``script`` in the calling thread, sampling while it runs; blocks until it ends."""
         global _active
-        runner = ScriptRunner(script, list(args), self.emit, self.session.now, cwd, capture_output)
+        runner = ScriptRunner(
+            script.path,
+            list(script.args),
+            self.emit,
+            self.session.now,
+            script.cwd,
+            script.capture_output,
+        )
         self._runner = runner
         _active = self
         self.census_schedule.reset()

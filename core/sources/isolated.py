@@ -25,6 +25,7 @@ from torchmem.events import CommandResult, RunFinished, RunStarted, RunStatus
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.probe.runner import EXIT_STOPPED, ScriptError, validate_script
 from torchmem.session import Session
+from torchmem.sources.base import Script
 from torchmem.sources.follow import follow
 from torchmem.sources.remote import RemoteSource
 from torchmem.transport.client import AttachError
@@ -123,19 +124,17 @@ class IsolatedSource:
             self.remote.close()
 
     # -- a run -------------------------------------------------------------------------------
-    def run_script(
-        self,
-        script: str | os.PathLike[str],
-        args: Sequence[str] = (),
-        cwd: str | None = None,
-        capture_output: bool = True,
-    ) -> RunFinished:
-        """Run ``script`` in a child and follow it to its end; never raises for the script."""
+    def run_script(self, script: Script) -> RunFinished:
+        """Run ``script`` in a child and follow it to its end; never raises for the script.
+
+        The child's output always comes back as log records (its agent forwards them).
+        """
         s = self.session
+        args, cwd = script.args, script.cwd
         started = time.monotonic()
         self._stop_requested_at = None
         try:
-            path = validate_script(script)
+            path = validate_script(script.path)
         except ScriptError as exc:
             return self._finish(RunFinished(s.now(), RunStatus.FAILED, 2, str(exc)))
         command = [
@@ -223,7 +222,7 @@ class IsolatedSource:
                 return False
             entry = find_agent(proc.pid)
             if entry is not None:
-                self.remote = RemoteSource(self.session, entry, report_end=False)
+                self.remote = RemoteSource(self.session, entry, report_end=False, mode="isolated")
                 try:
                     self.remote.connect()
                 except AttachError as exc:

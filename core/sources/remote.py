@@ -44,10 +44,18 @@ class RemoteSource:
     """Events of one agent, submitted to ``session`` (series renamed with ``prefix``)."""
 
     def __init__(
-        self, session: Session, entry: AgentEntry, prefix: str = "", report_end: bool = True
+        self,
+        session: Session,
+        entry: AgentEntry,
+        prefix: str = "",
+        report_end: bool = True,
+        mode: str | None = None,
     ) -> None:
         self.session = session
         self.report_end = report_end
+        #: How the agent's run is shown (``RunStarted.mode``): "isolated" for a child of
+        #: the window; None keeps the agent's own.
+        self.mode = mode
         self.entry = entry
         self.prefix = prefix
         self.info: dict[str, Any] = {}
@@ -196,6 +204,8 @@ class RemoteSource:
                 text = f"{self.label}: running {event.script} {' '.join(event.argv)}".rstrip()
                 self.session.submit(LogRecord(event.t, Stream.TORCHMEM, text))
                 continue
+            if self.mode is not None and isinstance(event, RunStarted):
+                event = replace(event, mode=self.mode)
             if self.prefix:
                 event = self._renamed(event)
             self.session.submit(event)

@@ -16,7 +16,7 @@ import os
 import stat
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,6 @@ class AgentEntry:
     world_size: int | None = None
     started: float = 0.0
     label: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
     #: The kernel's start time of the process in clock ticks since boot (Linux): what
     #: tells a reused pid apart, where a wall-clock ``create_time`` moves with clock steps.
     start_ticks: int | None = None
@@ -65,12 +64,14 @@ class AgentEntry:
         """How the series of this process are prefixed in a job: ``rank1``, or ``pid4242``."""
         return f"rank{self.rank}" if self.rank is not None else f"pid{self.pid}"
 
-    @property
-    def title(self) -> str:
-        """A short description: the command line, and the rank for torchrun jobs."""
-        cmd = " ".join(Path(a).name if i == 0 else a for i, a in enumerate(self.argv[:6]))
-        rank = f" [rank {self.rank}/{self.world_size}]" if self.rank is not None else ""
-        return f"{cmd}{rank}"
+    @classmethod
+    def from_json(cls, data: Any) -> AgentEntry:
+        """An entry as read from its file. Fields this version does not know (an agent of
+        another torchmem version) are ignored; a missing one raises TypeError."""
+        if not isinstance(data, dict):
+            raise TypeError("an agent entry is a JSON object")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def boot_id() -> str:
@@ -199,7 +200,7 @@ def read_entry(path: Path) -> AgentEntry | None:
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
             return None
         data = json.loads(path.read_text())
-        return AgentEntry(**data)
+        return AgentEntry.from_json(data)
     except (OSError, ValueError, TypeError):
         return None
 

@@ -1,0 +1,122 @@
+"""The memory model of a batch-size search: peak bytes as a function of the batch size.
+
+Training memory is, to a good approximation, a fixed part (parameters, gradients,
+optimizer state, the framework) plus a part per sample (activations); attention over a
+sequence adds a quadratic term. The search measures a few sizes, fits ``peak = a + s*b``
+by least squares, and takes a quadratic term only when it clearly fits better (and says
+so). The fit then predicts the largest size under a budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Rounding = Literal["none", "multiple8", "pow2"]
+
+#: A quadratic term is used only when it cuts the residuals of the line by this factor.
+QUADRATIC_GAIN = 4.0
+
+
+@dataclass(frozen=True)
+class Fit:
+    """``peak(b) = intercept + slope*b + quadratic*b²`` fitted to measured trials."""
+
+    intercept: float
+    slope: float
+    quadratic: float = 0.0
+    #: Root-mean-square residual of the fit, in bytes (0 with as many points as terms).
+    rms_residual: float = 0.0
+    points: int = 0
+
+    @property
+    def is_quadratic(self) -> bool:
+        """True when the quadratic term was kept."""
+        return self.quadratic != 0.0
+
+    def peak(self, batch: float) -> float:
+        """Predicted peak bytes at ``batch``."""
+        return self.intercept + self.slope * batch + self.quadratic * batch * batch
+
+    def largest_under(self, limit: float) -> float | None:
+        """The (fractional) batch size whose predicted peak is ``limit``; None when the
+        model does not grow with the batch (no size is limited by memory)."""
+        a, s, q = self.intercept - limit, self.slope, self.quadratic
+        if q > 0:
+            disc = s * s - 4 * q * a
+            return (-s + math.sqrt(disc)) / (2 * q) if disc >= 0 else None
+        if s <= 0:
+            return None
+        return -a / s
+
+    def describe(self) -> str:
+        """``peak ≈ 1.2 GiB + 3.4 MiB x batch`` (and the quadratic term if any)."""
+        from torchmem.units import format_bytes
+
+        text = f"peak ≈ {format_bytes(self.intercept)} + {format_bytes(self.slope)} × batch"
+        if self.is_quadratic:
+            text += f" + {format_bytes(self.quadratic)} × batch²"
+        return text
+
+    def to_json(self) -> dict[str, float | int | None]:
+        """As a tuning summary writes it."""
+        return {
+            "intercept": round(self.intercept),
+            "slope": round(self.slope, 3),
+            "quadratic": round(self.quadratic, 6) if self.is_quadratic else None,
+            "rms_residual": round(self.rms_residual),
+            "points": self.points,
+        }
+
+
+def fit_peaks(batches: list[float], peaks: list[float], allow_quadratic: bool = True) -> Fit:
+    """Least-squares fit of ``peaks`` over ``batches`` (at least two distinct sizes).
+
+    The quadratic term is tried with four or more sizes, and kept when it is positive and
+    cuts the line's residuals by :data:`QUADRATIC_GAIN` (noise alone does not do that).
+    """
+    x = np.asarray(batches, dtype=float)
+    y = np.asarray(peaks, dtype=float)
+    if len(set(x.tolist())) < 2:
+        raise ValueError("a fit needs at least two different batch sizes")
+    line, line_rms = _lstsq(x, y, degree=1)
+    best = Fit(line[0], line[1], 0.0, line_rms, len(x))
+    if allow_quadratic and len(set(x.tolist())) >= 4:
+        quad, quad_rms = _lstsq(x, y, degree=2)
+        if quad[2] > 0 and quad_rms * QUADRATIC_GAIN < line_rms:
+            best = Fit(quad[0], quad[1], quad[2], quad_rms, len(x))
+    return best
+
+
+def _lstsq(x: np.ndarray, y: np.ndarray, degree: int) -> tuple[list[float], float]:
+    # Columns scaled to unit size: batch² of 4096 next to 1 would make the system
+    # ill-conditioned.
+    scale = max(float(np.max(np.abs(x))), 1.0)
+    design = np.vander(x / scale, degree + 1, increasing=True)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    residual = y - design @ coef
+    rms = float(np.sqrt(np.mean(residual**2)))
+    return [float(c) / scale**i for i, c in enumerate(coef)], rms
+
+
+def round_batch(batch: float, rounding: Rounding, minimum: int = 1) -> int:
+    """The largest size at or below ``batch`` that ``rounding`` allows (never below
+    ``minimum``): a multiple of 8 (from 8 on), a power of two, or any integer."""
+    b = max(int(math.floor(batch)), minimum)
+    if rounding == "multiple8" and b >= 8:
+        return max(b - b % 8, minimum)
+    if rounding == "pow2":
+        return max(1 << (b.bit_length() - 1), minimum)
+    return b
+
+
+def throughput_knee(rates: dict[int, float], within: float = 0.05) -> int | None:
+    """The smallest batch size whose samples/s is within ``within`` of the best measured:
+    beyond it a bigger batch buys memory use, not speed."""
+    if not rates:
+        return None
+    best = max(rates.values())
+    return min(b for b, r in rates.items() if r >= (1 - within) * best)

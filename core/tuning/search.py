@@ -1,0 +1,324 @@
+"""The batch-size search: few trials, a fitted model, a verified recommendation.
+
+Finders that double until a crash need a dozen trials and several real out-of-memory
+errors, recover inside an ``except`` and often hand back a size that fails later. This
+search instead measures a few small sizes, fits the memory model, jumps to about a third
+of the budget to fit it where it matters, predicts the largest size under the budget,
+and verifies that size with a real trial. A miss beyond 5% refits and predicts again; a
+trial that fails narrows the range with the model (a bisection that knows where to cut).
+Every trial is a fresh process (see :mod:`torchmem.tuning.trial`), so a failure costs a
+trial, never the session.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchmem.tuning.model import Fit, Rounding, fit_peaks, round_batch, throughput_knee
+
+#: A verified trial whose peak is within this share of the prediction ends the search.
+VERIFY_TOLERANCE = 0.05
+#: The growth probes aim at this share of the room between the smallest size's peak and
+#: the limit, where the fit is made.
+PROBE_SHARE = 1 / 3
+
+
+class TuneError(Exception):
+    """The search cannot give a recommendation; the message says why and what to do."""
+
+
+class TuneCancelled(Exception):
+    """The user cancelled the search."""
+
+
+@dataclass
+class Trial:
+    """One measured batch size."""
+
+    batch_size: int
+    #: What the budget is on: the trial's peak RSS on CPU, peak reserved on accelerators.
+    peak_bytes: int | None
+    ok: bool
+    oom: bool
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    samples_per_s: float | None = None
+    steps: int = 0
+    duration_s: float = 0.0
+    message: str = ""
+    #: Why this size was tried: ``probe``, ``verify`` or ``bisect``.
+    role: str = "probe"
+    #: What the model predicted for this size before it ran (None before any fit).
+    predicted_bytes: float | None = None
+
+    def fits(self, limit: float) -> bool:
+        """True when the trial ran its steps and stayed at or under ``limit``."""
+        return self.ok and self.peak_bytes is not None and self.peak_bytes <= limit
+
+    def to_json(self) -> dict[str, Any]:
+        """As the tuning summary writes it."""
+        return {
+            "batch_size": self.batch_size,
+            "role": self.role,
+            "ok": self.ok,
+            "oom": self.oom,
+            "peak_bytes": self.peak_bytes,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "predicted_bytes": round(self.predicted_bytes) if self.predicted_bytes else None,
+            "samples_per_s": round(self.samples_per_s, 2) if self.samples_per_s else None,
+            "steps": self.steps,
+            "duration_s": round(self.duration_s, 3),
+            "message": self.message,
+        }
+
+
+@dataclass
+class TuneResult:
+    """What the search found, and how."""
+
+    recommended: int
+    #: The largest size measured under the limit (the recommendation is verified too).
+    max_fitting: int
+    #: The model's first prediction for the limit, before any verification.
+    predicted: int | None
+    limit_bytes: int
+    fit: Fit | None
+    trials: list[Trial] = field(default_factory=list)
+    knee: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ooms(self) -> int:
+        """Trials that ran out of memory or crossed the budget."""
+        return sum(t.oom for t in self.trials)
+
+
+Measure = Callable[[int, str, "float | None"], Trial]
+
+
+class BatchSearch:
+    """Finds the largest batch size whose peak stays under ``limit_bytes``.
+
+    ``measure(batch_size, role, predicted_bytes)`` runs one trial. ``on_trial(trial,
+    fit)`` hears of each one as it ends (for a live plot), ``cancel`` stops the search
+    before the next trial.
+    """
+
+    def __init__(
+        self,
+        measure: Measure,
+        limit_bytes: float,
+        minimum: int = 1,
+        maximum: int = 4096,
+        rounding: Rounding = "none",
+        max_trials: int = 10,
+        on_trial: Callable[[Trial, Fit | None], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        if minimum < 1 or maximum < minimum:
+            raise TuneError(f"the range must be 1 <= min <= max, not {minimum}..{maximum}")
+        if limit_bytes <= 0:
+            raise TuneError("the memory limit (budget minus headroom) must be positive")
+        self.measure = measure
+        self.limit = float(limit_bytes)
+        self.minimum, self.maximum = minimum, maximum
+        self.rounding: Rounding = rounding
+        self.max_trials = max_trials
+        self.on_trial = on_trial
+        self.cancel = cancel or threading.Event()
+        self.trials: list[Trial] = []
+        self.fit: Fit | None = None
+        self.notes: list[str] = []
+
+    # -- the state of the search -------------------------------------------------------------
+    @property
+    def good(self) -> int | None:
+        """The largest size that fitted so far."""
+        sizes = [t.batch_size for t in self.trials if t.fits(self.limit)]
+        return max(sizes) if sizes else None
+
+    @property
+    def failed(self) -> int | None:
+        """The smallest size that did not fit (or crossed the limit) so far."""
+        sizes = [
+            t.batch_size
+            for t in self.trials
+            if (t.oom or (t.ok and t.peak_bytes is not None and t.peak_bytes > self.limit))
+        ]
+        return min(sizes) if sizes else None
+
+    def _refit(self) -> Fit | None:
+        points = [(t.batch_size, t.peak_bytes) for t in self.trials if t.ok and t.peak_bytes]
+        if len({b for b, _ in points}) < 2:
+            return None
+        fit = fit_peaks([b for b, _ in points], [p for _, p in points])
+        if fit.is_quadratic:
+            self._note(
+                "memory grows faster than linearly with the batch size (a quadratic term "
+                "fits clearly better, as with attention over long sequences)"
+            )
+        self.fit = fit
+        return fit
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def _run(self, batch: int, role: str) -> Trial:
+        if self.cancel.is_set():
+            raise TuneCancelled()
+        if len(self.trials) >= self.max_trials:
+            raise _OutOfTrials()
+        predicted = self.fit.peak(batch) if self.fit is not None else None
+        trial = self.measure(batch, role, predicted)
+        trial.role = role
+        trial.predicted_bytes = predicted
+        self.trials.append(trial)
+        if trial.ok and not trial.oom:
+            self._refit()
+        if self.on_trial is not None:
+            self.on_trial(trial, self.fit)
+        if self.cancel.is_set():
+            raise TuneCancelled()
+        return trial
+
+    # -- the search ---------------------------------------------------------------------------
+    def run(self) -> TuneResult:
+        """Search, and return the verified recommendation; TuneError when nothing fits."""
+        predicted: int | None = None
+        try:
+            first = self._run(self.minimum, "probe")
+            if not first.ok and not first.oom:
+                raise TuneError(f"the script failed at batch size {self.minimum}: {first.message}")
+            if not first.fits(self.limit):
+                raise TuneError(
+                    f"batch size {self.minimum} does not fit: its peak "
+                    f"({_bytes(first.peak_bytes)}) is over the limit {_bytes(self.limit)}. "
+                    "Raise the budget, lower the headroom, or shrink the model."
+                )
+            self._grow()
+            predicted = self._predict()
+            self._verify(predicted)
+        except _OutOfTrials:
+            self._note(f"stopped after {self.max_trials} trials (--max-trials)")
+        good = self.good
+        assert good is not None  # the first trial fitted
+        recommended = round_batch(good, self.rounding, self.minimum)
+        if recommended not in {t.batch_size for t in self.trials if t.fits(self.limit)}:
+            # Rounding down from a verified size keeps it under the limit (memory grows
+            # with the batch), but say that this exact size was not run.
+            self._note(f"{recommended} is {good} rounded down ({self.rounding})")
+        rates = {
+            t.batch_size: t.samples_per_s
+            for t in self.trials
+            if t.fits(self.limit) and t.samples_per_s
+        }
+        return TuneResult(
+            recommended=recommended,
+            max_fitting=good,
+            predicted=predicted,
+            limit_bytes=int(self.limit),
+            fit=self.fit,
+            trials=list(self.trials),
+            knee=throughput_knee(rates),
+            notes=list(self.notes),
+        )
+
+    def _grow(self) -> None:
+        """Probe bigger sizes until the part of the peak that grows with the batch fills
+        about a third of the room above the smallest size's peak (and at least two sizes,
+        so that there is a slope). The fit is then made where the prediction is:
+        extrapolating three times further, not a hundred."""
+        base = self.trials[0].peak_bytes or 0
+        target = base + (self.limit - base) * PROBE_SHARE
+        last = self.trials[-1]
+        while (
+            last.fits(self.limit)
+            and (last.peak_bytes < target or self.fit is None)
+            and last.batch_size < self.maximum
+        ):
+            b = last.batch_size
+            if self.fit is None or self.fit.slope <= 0:
+                nxt = b * 2 if len(self.trials) < 2 else b * 8
+            else:
+                aim = self.fit.largest_under(target)
+                nxt = int(aim) if aim is not None else b * 8
+                nxt = max(b * 2, min(nxt, b * 16))
+            nxt = min(max(nxt, b + 1), self.maximum)
+            last = self._run(nxt, "probe")
+            if not last.ok and not last.oom:
+                raise TuneError(f"the script failed at batch size {nxt}: {last.message}")
+
+    def _predict(self) -> int:
+        """The model's largest size under the limit, within the range and below a failure."""
+        fit = self.fit
+        good = self.good or self.minimum
+        aim = fit.largest_under(self.limit) if fit is not None else None
+        if aim is None:
+            self._note(
+                "peak memory did not grow with the batch size in these trials: the "
+                "maximum of the range is tried"
+            )
+            aim = self.maximum
+        upper = self.failed
+        ceiling = min(self.maximum, upper - 1 if upper is not None else self.maximum)
+        return max(good, min(int(aim), ceiling))
+
+    def _verify(self, batch: int) -> None:
+        """Run the predicted size; refit and predict again on a miss. Once a size failed
+        where the model said it would fit, the model is wrong up there (an eval pass,
+        fragmentation): bisect between the last good size and the failed one until they
+        are within 5% of each other."""
+        tried: set[int] = set()
+        while True:
+            batch = round_batch(batch, self.rounding, self.minimum)
+            good = self.good or self.minimum
+            if batch <= good or batch in tried:
+                return
+            tried.add(batch)
+            trial = self._run(batch, "verify" if len(tried) == 1 else "bisect")
+            if not trial.ok and not trial.oom:
+                raise TuneError(f"the script failed at batch size {batch}: {trial.message}")
+            failed = self.failed
+            good = self.good or self.minimum
+            if failed is not None:
+                if failed - good <= max(1, VERIFY_TOLERANCE * good):
+                    return
+                batch = self._between(good, failed)
+                continue
+            expected = trial.predicted_bytes
+            close = expected and abs(trial.peak_bytes - expected) <= VERIFY_TOLERANCE * expected
+            if close or batch >= self.maximum:
+                return
+            batch = self._predict()  # refitted with this trial: closer now
+            if batch <= good * (1 + VERIFY_TOLERANCE):
+                return  # the refitted model agrees to within 5%: no trial would gain more
+
+    def _between(self, good: int, failed: int) -> int:
+        """Where to cut between a size that fitted and one that did not: where the line
+        through their measured peaks meets the limit (when both peaks are known), else
+        where the model says, else halfway."""
+        by_size = {t.batch_size: t for t in self.trials}
+        low, high = by_size[good].peak_bytes, by_size[failed].peak_bytes
+        if low is not None and high is not None and high > low:
+            aim = good + (self.limit - low) / (high - low) * (failed - good)
+        else:
+            aim = self._predict()
+        if not good < aim < failed:
+            aim = (good + failed) / 2
+        # A little short of the line: the next trial should fit, and close the gap.
+        return max(good + 1, int(good + 0.97 * (aim - good)))
+
+
+class _OutOfTrials(Exception):
+    pass
+
+
+def _bytes(value: float | None) -> str:
+    from torchmem.units import format_bytes
+
+    return format_bytes(value) if value is not None else "unknown"

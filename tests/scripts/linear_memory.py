@@ -1,0 +1,34 @@
+"""A training loop whose memory is linear in the batch size, by construction: each step
+holds ``batch`` MiB of activations (one float32 row of 256 Ki elements per sample).
+
+Its largest batch under a budget is therefore known independently of any search.
+Options: --batch-size N, --steps N, --fail-above N (raise a ValueError above that size,
+as a script with a shape bug would), --quadratic (hold batch² / 64 MiB more: attention).
+"""
+
+import argparse
+
+import torch
+from torch import nn
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch-size", type=int, default=8)
+p.add_argument("--steps", type=int, default=100)
+p.add_argument("--fail-above", type=int, default=0)
+p.add_argument("--quadratic", action="store_true")
+args = p.parse_args()
+if args.fail_above and args.batch_size > args.fail_above:
+    raise ValueError(f"shape mismatch: batch {args.batch_size} does not divide the buckets")
+
+torch.manual_seed(0)
+model = nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+ROW = 256 * 1024  # float32: one MiB per sample
+for _ in range(args.steps):
+    activations = torch.ones(args.batch_size, ROW)
+    extra = torch.ones(args.batch_size * args.batch_size // 64, ROW) if args.quadratic else None
+    loss = model(activations[:, :16]).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    del activations, extra

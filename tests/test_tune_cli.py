@@ -1,0 +1,142 @@
+"""``torchmem tune`` end to end: real trials in child processes, on scripts whose memory is
+known by construction, and every way a user can get it wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import check_summary
+
+from torchmem.tuning.search import TuneCancelled
+from torchmem.tuning.trial import TrialPlan, run_trial, substitute
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).parent / "scripts"
+LINEAR = str(SCRIPTS / "linear_memory.py")
+MiB = 1 << 20
+
+
+def tune(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torchmem", "tune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def peak_rss_of_one_step(batch: int) -> int:
+    """The script's peak RSS at ``batch``, as the kernel counts it (wait4), measured here
+    without the tuner's code."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchmem", "run", "--quiet", "--max-steps", "4", LINEAR,
+         "--batch-size", str(batch)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0
+    return usage.ru_maxrss * 1024
+
+
+def test_linear_memory_recommendation_is_within_5_percent_with_no_oom(tmp_path):
+    base = peak_rss_of_one_step(1) - 1 * MiB  # everything but the batch's activations
+    budget = base + 300 * MiB
+    limit = budget - budget // 10  # the default headroom on CPU: 10%
+    true_max = (limit - base) // MiB
+    out = tmp_path / "tune.json"
+    r = tune("--budget", str(budget), "--summary", str(out), LINEAR)
+    assert r.returncode == 0, r.stderr
+    data = check_summary(json.loads(out.read_text()))
+    assert data["kind"] == "tune" and data["limit_bytes"] == limit
+    assert 0.95 * true_max <= data["recommended"] <= true_max + 2, (data["recommended"], true_max)
+    assert data["ooms"] == 0
+    assert len(data["trials"]) <= 6, [t["batch_size"] for t in data["trials"]]
+    verified = [t for t in data["trials"] if t["batch_size"] == data["recommended"]]
+    assert verified and verified[0]["ok"] and verified[0]["peak_bytes"] <= limit
+    assert data["fit"]["slope"] == pytest.approx(MiB, rel=0.1)
+    # What the user reads: each trial as it ends, then the size and the command to run.
+    assert r.stderr.count("torchmem: trial ") == len(data["trials"])
+    assert f"recommended --batch-size {data['recommended']}" in r.stderr
+    assert f"--batch-size {data['recommended']}" in r.stderr.splitlines()[-1]
+
+
+def test_a_quadratic_script_is_recognised_and_its_recommendation_fits(tmp_path):
+    base = peak_rss_of_one_step(1) - 1 * MiB
+    budget = base + 600 * MiB
+    out = tmp_path / "tune.json"
+    r = tune("--budget", str(budget), "--max-trials", "9", "--summary", str(out), LINEAR,
+             "--quadratic")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = check_summary(json.loads(out.read_text()))
+    b = data["recommended"]
+    assert base + b * MiB + (b * b // 64) * MiB <= data["limit_bytes"] * 1.02
+    assert data["fit"]["quadratic"], data["fit"]
+    assert "quadratic" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "code"),
+    [
+        (["--batch-arg", "--bs", "--budget", "2GiB", LINEAR], "does not take --bs", 1),
+        (["--budget", "2GiB", LINEAR, "--fail-above", "3"], "shape mismatch", 1),
+        (["--budget", "60MiB", LINEAR], "batch size 1 does not fit", 1),
+        (["--min", "1.5", LINEAR], "not a whole number", 2),
+        (["--min", "64", "--max", "8", LINEAR], "--min 64 is above --max 8", 2),
+        (["--budget", "lots", LINEAR], "not a size", 2),
+        (["--budget", "2GiB", str(SCRIPTS / "missing.py")], "missing.py", 2),
+        (["--device", "tpu", LINEAR], "--device must be cpu or cuda:N", 2),
+    ],
+)
+def test_bad_input_gets_a_clear_message_and_no_traceback(args, message, code, tmp_path):
+    out = tmp_path / "tune.json"
+    r = tune("--summary", str(out), *args)
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+    if code == 1:  # a search that ran still writes what it learned
+        data = check_summary(json.loads(out.read_text()))
+        assert data["recommended"] is None and message in data["error"]
+
+
+def test_cancel_during_a_trial_leaves_no_process_behind():
+    plan = TrialPlan(LINEAR, ("--steps", "100000"), "--batch-size", steps=1000)
+    cancel = threading.Event()
+    me = psutil.Process()
+    raised: list[BaseException] = []
+
+    def trial():
+        try:
+            run_trial(plan, 4, cancel)
+        except BaseException as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=trial)
+    worker.start()
+    # Cancel once the trial is really running (its process exists and imported torch).
+    deadline = 60
+    while deadline > 0 and not any(
+        "linear_memory.py" in " ".join(c.cmdline()) for c in me.children(recursive=True)
+    ):
+        worker.join(0.1)
+        deadline -= 0.1
+    cancel.set()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert raised and isinstance(raised[0], TuneCancelled)
+    assert not [c for c in me.children(recursive=True) if "linear_memory" in " ".join(c.cmdline())]
+
+
+def test_the_batch_option_is_replaced_or_appended():
+    assert substitute(["--lr", "0.1", "--bs", "8"], "--bs", 64) == ["--lr", "0.1", "--bs", "64"]
+    assert substitute(["--bs=8", "x"], "--bs", 64) == ["--bs=64", "x"]
+    assert substitute(["--epochs", "1"], "--bs", 64) == ["--epochs", "1", "--bs", "64"]

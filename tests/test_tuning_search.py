@@ -1,0 +1,149 @@
+"""The batch-size search against synthetic models whose true maximum is known exactly."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+
+import pytest
+
+from torchmem.tuning.model import fit_peaks, round_batch, throughput_knee
+from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class Model:
+    """A training script's memory: ``fixed + per_sample*b + quad*b²`` with noise, that
+    runs out of memory above ``capacity`` (the budget the trial runner enforces)."""
+
+    def __init__(self, fixed, per_sample, quad=0.0, noise=0.0, capacity=None, fail_at=None):
+        self.fixed, self.per_sample, self.quad = fixed, per_sample, quad
+        self.noise = noise
+        self.capacity = capacity
+        self.fail_at = fail_at
+        self.rng = random.Random(7)
+        self.calls: list[int] = []
+
+    def peak(self, b: float) -> float:
+        return self.fixed + self.per_sample * b + self.quad * b * b
+
+    def largest_under(self, limit: float) -> int:
+        b = 0
+        step = 1 << 20
+        while step:  # exact, independent of the search's own algebra
+            if self.peak(b + step) <= limit:
+                b += step
+            else:
+                step //= 2
+        return b
+
+    def __call__(self, b: int, role: str, predicted: float | None) -> Trial:
+        self.calls.append(b)
+        if self.fail_at is not None and b >= self.fail_at:
+            return Trial(b, None, ok=False, oom=False, message="ValueError: shapes mismatch")
+        peak = self.peak(b) * (1 + self.rng.uniform(-self.noise, self.noise))
+        if self.capacity is not None and peak > self.capacity:
+            return Trial(b, int(peak), ok=False, oom=True, message="out of memory")
+        return Trial(b, int(peak), ok=True, oom=False, samples_per_s=1000 * b / (b + 16))
+
+
+@pytest.mark.parametrize(
+    ("fixed", "per_sample", "limit"),
+    [
+        (300 * MiB, 2 * MiB, 6 * GiB),  # a small CNN on CPU: max near 3000
+        (1.5 * GiB, 40 * MiB, 20 * GiB),  # a big model: max near 470
+        (200 * MiB, 0.1 * MiB, 2 * GiB),  # tiny samples: max beyond 4096 -> the range's max
+        (5 * GiB, 1 * GiB, 9.5 * GiB),  # huge samples: max 4
+    ],
+)
+def test_linear_models_within_5_percent_in_6_trials_without_oom(fixed, per_sample, limit):
+    model = Model(fixed, per_sample, noise=0.01, capacity=limit * 1.12)
+    result = BatchSearch(model, limit, 1, 4096).run()
+    true_max = min(model.largest_under(limit), 4096)
+    assert result.recommended <= true_max * 1.0001 or model.peak(result.recommended) <= limit * 1.01
+    assert result.recommended >= 0.95 * true_max, (result.recommended, true_max, model.calls)
+    assert len(result.trials) <= 6, model.calls
+    assert result.ooms == 0
+    assert all(t.fits(limit) for t in result.trials if t.batch_size == result.recommended)
+
+
+def test_a_quadratic_model_is_recognised_and_the_recommendation_fits():
+    model = Model(400 * MiB, 1 * MiB, quad=0.02 * MiB, noise=0.005, capacity=8 * GiB)
+    limit = 6 * GiB
+    result = BatchSearch(model, limit, 1, 4096).run()
+    assert result.fit is not None and result.fit.is_quadratic
+    assert any("quadratic" in note for note in result.notes)
+    assert model.peak(result.recommended) <= limit * 1.01
+    assert result.recommended >= 0.9 * model.largest_under(limit)
+
+
+def test_an_oom_below_the_prediction_is_bisected_with_the_model():
+    # The memory model says 3000 fits, but something the probes did not see (an eval pass,
+    # fragmentation) runs out at 2000: the search recovers with a new process per trial.
+    model = Model(300 * MiB, 2 * MiB, noise=0.0, capacity=300 * MiB + 2 * MiB * 2000)
+    result = BatchSearch(model, 6 * GiB, 1, 4096, max_trials=12).run()
+    assert result.ooms >= 1
+    assert 1800 <= result.recommended < 2000
+    assert result.trials[-1].ok or result.recommended < min(
+        t.batch_size for t in result.trials if t.oom
+    )
+
+
+def test_rounding_keeps_the_recommendation_a_multiple_or_power():
+    model = Model(300 * MiB, 2 * MiB, capacity=7 * GiB)
+    for rounding, check in (
+        ("multiple8", lambda b: b % 8 == 0),
+        ("pow2", lambda b: b & (b - 1) == 0),
+    ):
+        result = BatchSearch(model, 6 * GiB, 1, 4096, rounding=rounding).run()
+        assert check(result.recommended), (rounding, result.recommended)
+        assert model.peak(result.recommended) <= 6 * GiB
+
+
+def test_a_budget_smaller_than_the_first_size_is_a_clear_error():
+    with pytest.raises(TuneError, match="batch size 1 does not fit"):
+        BatchSearch(Model(2 * GiB, 1 * MiB), 1 * GiB, 1, 64).run()
+
+
+def test_a_script_that_fails_at_some_size_is_reported_with_its_message():
+    with pytest.raises(TuneError, match=r"failed at batch size .*shapes mismatch"):
+        BatchSearch(Model(100 * MiB, 1 * MiB, fail_at=8), 4 * GiB, 1, 4096).run()
+
+
+def test_bad_ranges_and_limits_are_refused():
+    with pytest.raises(TuneError, match="range"):
+        BatchSearch(Model(0, 1), 1 * GiB, 8, 4)
+    with pytest.raises(TuneError, match="positive"):
+        BatchSearch(Model(0, 1), -5, 1, 4)
+
+
+def test_cancel_stops_before_the_next_trial():
+    cancel = threading.Event()
+    model = Model(300 * MiB, 2 * MiB)
+
+    def measure(b, role, predicted):
+        trial = model(b, role, predicted)
+        if len(model.calls) == 2:
+            cancel.set()  # the user pressed Cancel during the second trial
+        return trial
+
+    with pytest.raises(TuneCancelled):
+        BatchSearch(measure, 6 * GiB, 1, 4096, cancel=cancel).run()
+    assert len(model.calls) == 2
+
+
+def test_fit_and_helpers():
+    fit = fit_peaks([1, 2, 4, 8], [110, 120, 140, 180])
+    assert fit.intercept == pytest.approx(100) and fit.slope == pytest.approx(10)
+    assert not fit.is_quadratic and fit.largest_under(1100) == pytest.approx(100)
+    with pytest.raises(ValueError):
+        fit_peaks([4, 4], [1, 2])
+    assert round_batch(1000.7, "multiple8") == 1000 and round_batch(1023, "multiple8") == 1016
+    assert round_batch(1000, "pow2") == 512 and round_batch(5, "none") == 5
+    assert round_batch(0.3, "pow2", minimum=1) == 1
+    assert throughput_knee({8: 100.0, 16: 189.0, 32: 196.0, 64: 200.0}) == 32
+    assert throughput_knee({}) is None
+    assert math.isclose(fit.peak(3), 130)
