@@ -196,6 +196,17 @@ class Session:
                     peaks[device] = max(peaks.get(device, 0.0), buf.peak)
         return dict(sorted(peaks.items(), key=lambda kv: _scope_order(kv[0])))
 
+    def peaks_of(self, metric: str) -> dict[str, int]:
+        """The highest reading of ``metric`` per device (``{"cuda:0": ...}`` for
+        ``reserved``), over the whole run (buckets keep every peak)."""
+        with self._lock:
+            return {
+                device: int(buf.peak)
+                for key, buf in self.series.items()
+                for device, m in [split_key(key)]
+                if m == metric and buf.count
+            }
+
     def censuses(self) -> tuple[CensusTaken | None, CensusTaken | None]:
         """The latest census event and the one before it."""
         with self._lock:

@@ -57,12 +57,13 @@ from .status_bar import ElidingStatusBar
 from .tensor_panel import TensorPanel
 from .theme import THEMES, apply_theme
 from .trace_plot import TracePlot
+from .tune_panel import TunePanel
 
 WINDOWS = (("30 s", 30.0), ("2 min", 120.0), ("10 min", 600.0), ("1 h", 3600.0), ("All", None))
 UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
 # Bumped whenever docks are added or moved: a dock layout saved by an older version would
 # put new docks in odd places, so it is not restored.
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 
 
 class ActionSpec(NamedTuple):
@@ -139,6 +140,14 @@ ACTIONS = (
         "use signals, spawn DataLoader workers or need allocator settings; a crash there "
         "never takes the window",
         checkable=True,
+    ),
+    ActionSpec(
+        "act_tune",
+        "&Tune the batch size…",
+        "open_tune",
+        "Ctrl+B",
+        "Find the largest batch size that fits a memory budget: a few trials in separate "
+        "processes, a fitted memory model, a verified recommendation",
     ),
     ActionSpec(
         "act_attach",
@@ -348,6 +357,16 @@ class MainWindow(QMainWindow):
             "state, activations, buffers, other"
         )
         self.addDockWidget(Qt.RightDockWidgetArea, self.breakdown_dock)
+
+        self.tune = TunePanel()
+        self.tune.use_batch_size.connect(self._use_batch_size)
+        self.tune_dock = QDockWidget("Tune", self)
+        self.tune_dock.setObjectName("tune_dock")
+        self.tune_dock.setWidget(self.tune)
+        self.tune_dock.setToolTip("Find the largest batch size that fits a memory budget")
+        self.addDockWidget(Qt.BottomDockWidgetArea, self.tune_dock)
+        self.tabifyDockWidget(self.alerts_dock, self.tune_dock)
+        self.log_dock.raise_()
         self.addDockWidget(Qt.RightDockWidgetArea, self.readings_dock)
 
     def _action(
@@ -443,6 +462,7 @@ class MainWindow(QMainWindow):
         for act in (self.act_run, self.act_stop, self.act_rerun, self.act_abandon):
             m.addAction(act)
         m.addAction(self.act_isolated)
+        m.addAction(self.act_tune)
         m.addSeparator()
         m.addAction(self.act_attach)
         m.addAction(self.act_inject)
@@ -465,6 +485,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.tensors_dock.toggleViewAction())
         m.addAction(self.breakdown_dock.toggleViewAction())
         m.addAction(self.alerts_dock.toggleViewAction())
+        m.addAction(self.tune_dock.toggleViewAction())
         theme_menu = m.addMenu("&Theme")
         self.theme_group = QActionGroup(self)
         for theme in THEMES:
@@ -807,6 +828,20 @@ class MainWindow(QMainWindow):
         self._update_actions()
 
     # -- attaching ------------------------------------------------------------------------
+    def open_tune(self) -> None:
+        """Show the Tune panel, with the current script and its arguments."""
+        self.tune.set_script(self.script, self.script_args)
+        self.tune_dock.show()
+        self.tune_dock.raise_()
+        self.tune.script_edit.setFocus()
+
+    @Slot(str, list)
+    def _use_batch_size(self, script: str, args: list) -> None:
+        if self.load_script(script, args):
+            self.statusBar().showMessage(
+                f"Arguments set to {shlex.join(args)}: F5 runs the script with them", 15000
+            )
+
     def open_attach_dialog(self) -> None:
         """Pick a running process and attach to it."""
         from .attach_dialog import AttachDialog
@@ -1121,7 +1156,7 @@ class MainWindow(QMainWindow):
         A script already known to be blocked in a C call (or abandoned) is not waited for:
         the process exits at once (``force_exit_needed``).
         """
-        clean = self.runs.shutdown(timeout_ms)
+        clean = self.tune.shutdown(timeout_ms) and self.runs.shutdown(timeout_ms)
         self.bridge.close()
         if self._collector is not None:
             GuiThreadCollector.release()

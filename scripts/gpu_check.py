@@ -135,6 +135,28 @@ def main() -> int:
             data["message"][:120],
         )
 
+        # Batch-size tuning on CUDA: the budget on peak reserved, real trials of the demo.
+        tuned = Path(tmp) / "tune.json"
+        r = subprocess.run(
+            [sys.executable, "-m", "torchmem", "tune", "--device", "cuda:0", "--budget",
+             "3GiB", "--max", "16384", "--steps", "2", "--summary", str(tuned),
+             str(ROOT / "resources/examples/demo_train.py"), "--device", "cuda",
+             "--epochs", "1"],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        data = json.loads(tuned.read_text()) if tuned.exists() else {}
+        trials = data.get("trials", [])
+        check(
+            "torchmem tune on cuda:0 (3 GiB budget on reserved)",
+            r.returncode == 0 and data.get("recommended") and trials
+            and all(t["peak_reserved_bytes"] for t in trials if t["ok"]),
+            f"recommended {data.get('recommended')} in {len(trials)} trials, "
+            f"{data.get('ooms')} OOM; fit {data.get('fit')}; " + r.stderr[-200:],
+        )  # fmt: skip
+        if tuned.exists():
+            (out_dir / "gpu_tune.json").parent.mkdir(parents=True, exist_ok=True)
+            (out_dir / "gpu_tune.json").write_text(tuned.read_text())
+
         # The agent on CUDA: attach, the cuda series arrive, allocation history + snapshot.
         served = Path(tmp) / "served_cuda.py"
         served.write_text(

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.slow
             ["--tensors", "300", "--objects", "3000", "--repeat", "1"],
             "census",
         ),
+        ("benchmarks/tune_search.py", ["--quick"], "torchmem (fit + verify)"),
         (
             "benchmarks/agent_overhead.py",
             ["--blocks", "1", "--steps", "3", "--parts", "1"],

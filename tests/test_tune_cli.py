@@ -4,7 +4,6 @@ known by construction, and every way a user can get it wrong."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -33,23 +32,20 @@ def tune(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     )
 
 
-def peak_rss_of_one_step(batch: int) -> int:
-    """The script's peak RSS at ``batch``, as the kernel counts it (wait4), measured here
-    without the tuner's code."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torchmem", "run", "--quiet", "--max-steps", "4", LINEAR,
-         "--batch-size", str(batch)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+def peak_rss_of_one_step(batch: int, tmp_path: Path) -> int:
+    """The script's peak RSS at ``batch``, as the process itself reports it (VmHWM, in
+    its run summary), measured here without the tuner's code."""
+    out = tmp_path / f"run-{batch}.json"
+    subprocess.run(
+        [sys.executable, "-m", "torchmem", "run", "--quiet", "--max-steps", "4",
+         "--summary", str(out), LINEAR, "--batch-size", str(batch)],
+        check=True, timeout=120,
     )  # fmt: skip
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0
-    return usage.ru_maxrss * 1024
+    return json.loads(out.read_text())["peak_rss_bytes"]
 
 
 def test_linear_memory_recommendation_is_within_5_percent_with_no_oom(tmp_path):
-    base = peak_rss_of_one_step(1) - 1 * MiB  # everything but the batch's activations
+    base = peak_rss_of_one_step(1, tmp_path) - 1 * MiB  # everything but the batch's activations
     budget = base + 300 * MiB
     limit = budget - budget // 10  # the default headroom on CPU: 10%
     true_max = (limit - base) // MiB
@@ -71,7 +67,7 @@ def test_linear_memory_recommendation_is_within_5_percent_with_no_oom(tmp_path):
 
 
 def test_a_quadratic_script_is_recognised_and_its_recommendation_fits(tmp_path):
-    base = peak_rss_of_one_step(1) - 1 * MiB
+    base = peak_rss_of_one_step(1, tmp_path) - 1 * MiB
     budget = base + 600 * MiB
     out = tmp_path / "tune.json"
     r = tune("--budget", str(budget), "--max-trials", "9", "--summary", str(out), LINEAR,

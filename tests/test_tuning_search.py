@@ -147,3 +147,25 @@ def test_fit_and_helpers():
     assert throughput_knee({8: 100.0, 16: 189.0, 32: 196.0, 64: 200.0}) == 32
     assert throughput_knee({}) is None
     assert math.isclose(fit.peak(3), 130)
+
+
+def test_an_accelerator_trial_is_judged_on_peak_reserved_not_rss():
+    # What a trial on cuda:0 reads from its child's summary (no GPU here: the summary a
+    # CUDA run writes is given as it would be).
+    from torchmem.tuning.trial import TrialPlan, _measured
+
+    plan = TrialPlan("train.py", (), "--batch-size", steps=3, device="cuda:0", budget_bytes=8 * GiB)
+    summary = {
+        "status": "finished",
+        "steps": 4,
+        "step_time_s": 0.5,
+        "peak_bytes": {"cuda:0": 3 * GiB, "cpu_rss": 2 * GiB},
+        "peak_reserved_bytes": {"cuda:0": 4 * GiB},
+        "peak_rss_bytes": 2 * GiB,
+    }
+    trial = _measured(plan, 64, 0, 0, None, summary, "", 6.0)
+    assert trial.ok and trial.peak_bytes == 4 * GiB
+    assert trial.peak_allocated_bytes == 3 * GiB and trial.peak_reserved_bytes == 4 * GiB
+    assert trial.samples_per_s == 128
+    oom = _measured(plan, 128, 1, 0, None, {**summary, "status": "out of memory"}, "", 3.0)
+    assert oom.oom and not oom.ok

@@ -16,6 +16,7 @@ import numpy as np
 
 from torchmem.cli.summary import build_summary, write_summary
 from torchmem.events import AlertKind, Event, Marker, MarkerKind, RunFinished, RunStatus
+from torchmem.probe.backends import peak_rss
 from torchmem.probe.parent_watch import ParentWatch
 from torchmem.probe.runner import EXIT_STOPPED
 from torchmem.session import Session
@@ -72,6 +73,8 @@ def summary(session: Session, source: InProcessSource, result: RunFinished) -> d
         traceback=result.traceback,
         steps=source.steps_seen,  # the runner's own count
         step_time_s=step_time(session),
+        peak_rss_bytes=peak_rss(),  # the whole run's, not only what the sampler saw
+        peak_reserved_bytes=session.peaks_of("reserved"),
     )
 
 

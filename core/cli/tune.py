@@ -135,13 +135,15 @@ def tune_headless(
         return 130
     except TuneError as exc:
         sys.stderr.write(f"torchmem: {exc}\n")
-        data = _summary(plan, args, limit, room, None, search.trials, time.monotonic() - started)
+        data = tune_summary(
+            plan, args, limit, room, None, search.trials, time.monotonic() - started
+        )
         data["error"] = str(exc)
         if summary_path:
             write_summary(summary_path, data)
         return EXIT_NO_FIT
     say(_report(result, plan))
-    data = _summary(plan, args, limit, room, result, result.trials, time.monotonic() - started)
+    data = tune_summary(plan, args, limit, room, result, result.trials, time.monotonic() - started)
     if summary_path and not write_summary(summary_path, data):
         return EXIT_NO_FIT
     return 0
@@ -186,7 +188,7 @@ def _report(result: TuneResult, plan: TrialPlan) -> str:
     return "\n".join(lines)
 
 
-def _summary(
+def tune_summary(
     plan: TrialPlan,
     args: list[str],
     limit: int,
@@ -195,6 +197,7 @@ def _summary(
     trials: list[Trial],
     duration: float,
 ) -> dict[str, Any]:
+    """The search as ``--summary`` (and the Tune panel's export) writes it."""
     fitting = [t.peak_bytes for t in trials if t.fits(limit) and t.peak_bytes is not None]
     metric = "cpu_rss" if plan.on_cpu else plan.device
     return build_summary(

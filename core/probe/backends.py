@@ -307,3 +307,25 @@ def process_backends(pid: int) -> list[MemoryBackend]:
     if nvml is not None:
         backends.append(nvml)
     return backends
+
+
+def peak_rss() -> int | None:
+    """This process's peak resident set size since it started, in bytes, as the kernel
+    counts it: ``VmHWM`` (Linux), else ``ru_maxrss``. Unlike a parent's ``wait4``, it
+    leaves out the parent's pages a forked child held before its ``exec`` (a child of a
+    1 GiB window would otherwise peak at 1 GiB whatever it does)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+    except (ImportError, OSError):
+        return None

@@ -235,10 +235,12 @@ class BatchSearch:
         extrapolating three times further, not a hundred."""
         base = self.trials[0].peak_bytes or 0
         target = base + (self.limit - base) * PROBE_SHARE
+        # "About" a third: four fifths of it will do (one more probe would cost a trial).
+        enough = base + (self.limit - base) * PROBE_SHARE * 0.8
         last = self.trials[-1]
         while (
             last.fits(self.limit)
-            and (last.peak_bytes < target or self.fit is None)
+            and (last.peak_bytes < enough or self.fit is None)
             and last.batch_size < self.maximum
         ):
             b = last.batch_size
@@ -247,7 +249,12 @@ class BatchSearch:
             else:
                 aim = self.fit.largest_under(target)
                 nxt = int(aim) if aim is not None else b * 8
-                nxt = max(b * 2, min(nxt, b * 16))
+                # While the growing part is lost in the noise of the fixed part, the slope
+                # is a guess: jump up to 16x to get out of the noise. Once it shows, at most
+                # 8x: memory may grow faster than the line (attention), which the fit can
+                # only see from four sizes on.
+                cap = 16 if (last.peak_bytes - base) < 0.1 * base else 8
+                nxt = max(b * 2, min(nxt, b * cap))
             nxt = min(max(nxt, b + 1), self.maximum)
             last = self._run(nxt, "probe")
             if not last.ok and not last.oom:
@@ -257,7 +264,14 @@ class BatchSearch:
         """The model's largest size under the limit, within the range and below a failure."""
         fit = self.fit
         good = self.good or self.minimum
-        aim = fit.largest_under(self.limit) if fit is not None else None
+        # Aim a little under the limit, by the fit's own scatter (1-3%): a prediction that
+        # lands just over it costs another trial, one just under costs 1% of the size.
+        margin = (
+            min(max(2 * fit.rms_residual, 0.01 * self.limit), 0.03 * self.limit)
+            if fit is not None
+            else 0.0
+        )
+        aim = fit.largest_under(self.limit - margin) if fit is not None else None
         if aim is None:
             self._note(
                 "peak memory did not grow with the batch size in these trials: the "
@@ -274,6 +288,8 @@ class BatchSearch:
         fragmentation): bisect between the last good size and the failed one until they
         are within 5% of each other."""
         tried: set[int] = set()
+        if self.failed is not None:  # a growth probe already failed: cut below it
+            batch = self._between(self.good or self.minimum, self.failed)
         while True:
             batch = round_batch(batch, self.rounding, self.minimum)
             good = self.good or self.minimum

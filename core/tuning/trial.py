@@ -3,9 +3,9 @@
 A trial runs ``torchmem run --max-steps`` on the script with its batch-size argument
 replaced, so that whatever it does (an out-of-memory error, a crash, the OOM killer) ends
 that process only. On CPU the budget is on the process's peak RSS as the kernel counts it
-(``ru_maxrss`` of the child, what ``/usr/bin/time -f %M`` reports), and a trial whose RSS
-crosses the budget is killed and counted as out of memory; on an accelerator it is on the
-allocator's peak reserved bytes.
+(its ``VmHWM``, which the child reports in its summary: what ``/usr/bin/time -f %M``
+shows), and a trial whose RSS crosses the budget is killed and counted as out of memory;
+on an accelerator it is on the allocator's peak reserved bytes.
 """
 
 from __future__ import annotations
@@ -119,16 +119,21 @@ def run_trial(plan: TrialPlan, batch: int, cancel: threading.Event | None = None
 def _wait(
     proc: subprocess.Popen[bytes], plan: TrialPlan, cancel: threading.Event, started: float
 ) -> tuple[int, int, int | None]:
-    """Wait for the child; its exit code, its peak RSS (bytes), and the RSS that crossed
-    the budget (None if it stayed under)."""
+    """Wait for the child; its exit code, the highest RSS seen while polling (a floor of
+    its peak, for a child killed before it could report its own), and the RSS that
+    crossed the budget (None if it stayed under)."""
     watched = psutil.Process(proc.pid)
+    marker = proc.args[proc.args.index("--summary") + 1]  # type: ignore[union-attr]
+    execed = False
     over: int | None = None
+    seen = 0
     while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        # Not ru_maxrss of wait4: it counts the pages of this process that the child held
+        # between fork and exec (a trial from a 1 GiB window would "peak" at 1 GiB).
+        pid, status = os.waitpid(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            # ru_maxrss is in KiB on Linux: the child's own peak, not its children's.
-            return proc.returncode, usage.ru_maxrss * 1024, over
+            return proc.returncode, seen, over
         if cancel.is_set():
             _end(proc)
             raise TuneCancelled()
@@ -138,13 +143,15 @@ def _wait(
                 f"a trial ran for more than {plan.timeout_s:g} s: lower --steps, or check "
                 "that the script stops after its steps (it must step an optimizer)"
             )
-        if plan.on_cpu and plan.budget_bytes and over is None:
-            with contextlib.suppress(psutil.Error):
-                rss = watched.memory_info().rss
-                if rss > plan.budget_bytes:
-                    over = rss  # as the OOM killer would: at once, no cleanup
-                    with contextlib.suppress(OSError):
-                        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(psutil.Error):
+            # Until it has exec'd, the child still shows this process's memory.
+            execed = execed or marker in watched.cmdline()
+            rss = watched.memory_info().rss if execed else 0
+            seen = max(seen, rss)
+            if plan.on_cpu and plan.budget_bytes and over is None and rss > plan.budget_bytes:
+                over = rss  # as the OOM killer would: at once, no cleanup
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
         time.sleep(WATCH_PERIOD_S)
 
 
@@ -182,10 +189,11 @@ def _measured(
     peaks = summary.get("peak_bytes") or {}
     steps = int(summary.get("steps") or 0)
     allocated = reserved = None
-    if not plan.on_cpu:
-        allocated = _int(peaks.get(f"{plan.device}/peak_allocated"))
-        reserved = _int(peaks.get(f"{plan.device}/reserved"))
-    peak = max_rss if plan.on_cpu else reserved
+    if not plan.on_cpu:  # the fit is on reserved: what the device must actually hold
+        allocated = _int(peaks.get(plan.device))
+        reserved = _int((summary.get("peak_reserved_bytes") or {}).get(plan.device))
+    own = _int(summary.get("peak_rss_bytes"))
+    peak = (own if own is not None else max_rss) if plan.on_cpu else reserved
     step_time = summary.get("step_time_s")
     rate = batch / step_time if isinstance(step_time, (int, float)) and step_time > 0 else None
     base = {

@@ -1,0 +1,693 @@
+"""The Tune panel: the largest batch size that fits, found live from a few trials.
+
+A form (script, batch option, range, budget, headroom, rounding, steps), Start and
+Cancel, a progress bar, and the search's reasoning as it happens: every trial's peak
+against the batch size (log2), the fitted memory model drawn out to the budget, the
+budget and headroom lines, out-of-memory trials as red crosses, throughput on the right
+axis with its knee, and a table of the trials. The search itself is core
+(:mod:`torchmem.tuning`); each trial is a separate process, so nothing a trial does can
+take the window down.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from torchmem.cli.tune import default_budget, headroom_bytes, tune_summary
+from torchmem.probe.runner import ScriptError, validate_script
+from torchmem.tuning.model import Fit
+from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
+from torchmem.tuning.trial import TrialPlan, run_trial, substitute
+from torchmem.units import UNITS, auto_unit, format_bytes, parse_bytes
+
+from .workers import start_in_thread, wait_thread
+
+#: A search usually needs about this many trials (for the progress bar until it ends).
+EXPECTED_TRIALS = 6
+OK_COLOR, FAIL_COLOR, FIT_COLOR = "#1f77b4", "#d62728", "#7f7f7f"
+BUDGET_COLOR, LIMIT_COLOR, RATE_COLOR, PICK_COLOR = "#d62728", "#ff7f0e", "#2ca02c", "#2ca02c"
+COLUMNS = ("#", "Batch", "Why", "Peak", "Predicted", "Result", "Samples/s", "Time")
+
+
+class TuneWorker(QObject):
+    """Runs one search in its own thread; every trial is reported as it ends."""
+
+    #: A trial ended: (Trial, the fit after it or None).
+    trial_done = Signal(object, object)
+    #: The search ended: a TuneResult, or None when it failed or was cancelled.
+    finished = Signal(object)
+    #: Why the search gave no result (a TuneError's message, or an unexpected error).
+    errored = Signal(str)
+
+    def __init__(self, plan: TrialPlan, limit: int, minimum: int, maximum: int, rounding: str):
+        super().__init__()
+        self.plan = plan
+        self.limit, self.minimum, self.maximum, self.rounding = limit, minimum, maximum, rounding
+        self.cancel_event = threading.Event()
+
+    @Slot()
+    def run(self) -> None:
+        """Search; always ends with ``finished``."""
+        result: TuneResult | None = None
+        try:
+            search = BatchSearch(
+                lambda batch, role, predicted: run_trial(self.plan, batch, self.cancel_event),
+                self.limit,
+                self.minimum,
+                self.maximum,
+                self.rounding,  # type: ignore[arg-type]
+                on_trial=lambda trial, fit: self.trial_done.emit(trial, fit),
+                cancel=self.cancel_event,
+            )
+            result = search.run()
+        except TuneCancelled:
+            self.errored.emit("cancelled: no trial is left running")
+        except TuneError as exc:
+            self.errored.emit(str(exc))
+        except Exception as exc:  # torchmem's own failure: said, never a dead thread
+            self.errored.emit(f"tuning failed: {type(exc).__name__}: {exc}")
+        finally:
+            self.finished.emit(result)
+
+    def cancel(self) -> None:
+        """Stop before the next trial, ending the running one (any thread)."""
+        self.cancel_event.set()
+
+
+class TunePanel(QWidget):
+    """Form, progress, plot and trial table of one batch-size search at a time."""
+
+    #: "Use this batch size": (script, its arguments with the batch size filled in).
+    use_batch_size = Signal(str, list)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.trials: list[Trial] = []
+        self.fit: Fit | None = None
+        self.result: TuneResult | None = None
+        self.plan: TrialPlan | None = None
+        self.limit = 0
+        self._thread: QThread | None = None
+        self._worker: TuneWorker | None = None
+        self._build_form()
+        self._build_plot()
+        self._build_table()
+        self._layout()
+        self._update_buttons()
+
+    # -- construction -------------------------------------------------------------------------
+    def _build_form(self) -> None:
+        self.script_edit = QLineEdit()
+        self.script_edit.setPlaceholderText("train.py")
+        self.script_edit.setToolTip("The training script to tune")
+        self.browse_button = QPushButton("…")
+        self.browse_button.setToolTip("Choose the script")
+        self.browse_button.clicked.connect(self._browse)
+        self.args_edit = QLineEdit()
+        self.args_edit.setPlaceholderText("--epochs 1")
+        self.args_edit.setToolTip("The script's other arguments (shell syntax)")
+        self.batch_edit = QLineEdit("--batch-size")
+        self.batch_edit.setToolTip(
+            "The script's batch-size option: its value is replaced in the arguments of "
+            "each trial, or appended"
+        )
+        self.min_spin = QSpinBox()
+        self.max_spin = QSpinBox()
+        for spin, value in ((self.min_spin, 1), (self.max_spin, 4096)):
+            spin.setRange(1, 1 << 20)
+            spin.setValue(value)
+        self.min_spin.setToolTip("Smallest batch size to try (the first trial)")
+        self.max_spin.setToolTip("Largest batch size the search may recommend")
+        self.device_combo = QComboBox()
+        self.device_combo.addItems(["cpu", *_cuda_devices()])
+        self.device_combo.setToolTip(
+            "Whose memory the budget is on: cpu (the trial's peak RSS, as the kernel counts "
+            "it) or a CUDA device (the allocator's peak reserved bytes)"
+        )
+        self.device_combo.currentTextChanged.connect(self._default_budget)
+        self.budget_edit = QLineEdit()
+        self.budget_edit.setToolTip(
+            "Memory a trial may use: 6 GiB, 512 MiB, … (default: half of the RAM available "
+            "now on CPU, the device's free memory on CUDA). A CPU trial that crosses it is "
+            "stopped and counted as out of memory."
+        )
+        self.headroom_edit = QLineEdit()
+        self.headroom_edit.setPlaceholderText("default")
+        self.headroom_edit.setToolTip(
+            "Kept free below the budget: 10% or a size (default 10% on CPU, max(10%, "
+            "1 GiB) on CUDA). The recommendation's peak stays under budget minus headroom."
+        )
+        self.rounding_combo = QComboBox()
+        for label, value in (
+            ("none", "none"),
+            ("multiple of 8", "multiple8"),
+            ("power of 2", "pow2"),
+        ):
+            self.rounding_combo.addItem(label, value)
+        self.rounding_combo.setToolTip("Round the recommendation down")
+        self.steps_spin = QSpinBox()
+        self.steps_spin.setRange(1, 1000)
+        self.steps_spin.setValue(3)
+        self.steps_spin.setToolTip("Training steps measured per trial, after one warm-up step")
+        self.start_button = QPushButton("Start")
+        self.start_button.setToolTip("Start the search (Ctrl+Return)")
+        self.start_button.setShortcut("Ctrl+Return")
+        self.start_button.clicked.connect(self.start)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setToolTip("Stop the search and the running trial now")
+        self.cancel_button.clicked.connect(self.cancel)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(True)
+        self.progress.setFormat("")
+        self.status = QLabel("Pick a script and a budget, then Start.")
+        self.status.setWordWrap(True)
+        self.status.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self._default_budget()
+
+    def _build_plot(self) -> None:
+        self.plot = pg.PlotWidget()
+        item = self.plot.getPlotItem()
+        item.showGrid(x=True, y=True, alpha=0.2)
+        item.setLabel("bottom", "batch size (log2 scale)")
+        item.setMouseEnabled(y=False)
+        self.ok_points = pg.ScatterPlotItem(size=9, brush=pg.mkBrush(OK_COLOR), pen=None)
+        self.fail_points = pg.ScatterPlotItem(
+            size=12, symbol="x", brush=pg.mkBrush(FAIL_COLOR), pen=pg.mkPen(FAIL_COLOR)
+        )
+        self.fit_curve = pg.PlotDataItem(pen=pg.mkPen(FIT_COLOR, width=2, style=Qt.DashLine))
+        self.band = pg.FillBetweenItem(
+            pg.PlotDataItem(), pg.PlotDataItem(), brush=pg.mkBrush(127, 127, 127, 40)
+        )
+        self.budget_line = pg.InfiniteLine(
+            angle=0, pen=pg.mkPen(BUDGET_COLOR, style=Qt.DashLine), label="budget",
+            labelOpts={"position": 0.05, "color": BUDGET_COLOR},
+        )  # fmt: skip
+        self.limit_line = pg.InfiniteLine(
+            angle=0, pen=pg.mkPen(LIMIT_COLOR, style=Qt.DotLine), label="budget − headroom",
+            labelOpts={"position": 0.3, "color": LIMIT_COLOR},
+        )  # fmt: skip
+        self.predicted_line = pg.InfiniteLine(
+            angle=90, pen=pg.mkPen(FIT_COLOR, style=Qt.DashLine), label="predicted",
+            labelOpts={"position": 0.95, "color": FIT_COLOR},
+        )  # fmt: skip
+        self.pick_line = pg.InfiniteLine(
+            angle=90, pen=pg.mkPen(PICK_COLOR, width=2), label="recommended",
+            labelOpts={"position": 0.85, "color": PICK_COLOR},
+        )  # fmt: skip
+        for it in (self.band, self.fit_curve, self.ok_points, self.fail_points):
+            item.addItem(it)
+        for line in (self.budget_line, self.limit_line, self.predicted_line, self.pick_line):
+            item.addItem(line, ignoreBounds=line in (self.predicted_line, self.pick_line))
+            line.hide()
+        # Throughput on a right axis of its own, sharing the batch-size axis.
+        self.rate_view = pg.ViewBox()
+        item.showAxis("right")
+        item.scene().addItem(self.rate_view)
+        item.getAxis("right").linkToView(self.rate_view)
+        item.getAxis("right").setLabel("samples/s", color=RATE_COLOR)
+        self.rate_view.setXLink(item)
+        self.rate_curve = pg.PlotDataItem(
+            pen=pg.mkPen(RATE_COLOR, width=1), symbol="t", symbolSize=7,
+            symbolBrush=RATE_COLOR, symbolPen=None,
+        )  # fmt: skip
+        self.knee_point = pg.ScatterPlotItem(
+            size=16, symbol="o", pen=pg.mkPen(RATE_COLOR, width=2), brush=None
+        )
+        self.rate_view.addItem(self.rate_curve)
+        self.rate_view.addItem(self.knee_point)
+        item.vb.sigResized.connect(self._sync_rate_view)
+        self.plot.setToolTip(
+            "Each dot is a trial: its peak memory at that batch size. The dashed curve is "
+            "the fitted memory model (its band: ± the residuals), drawn out to the budget; "
+            "red crosses ran out of memory or crossed the budget. Triangles: throughput "
+            "(right axis), the circled one its knee."
+        )
+
+    def _build_table(self) -> None:
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table.setSelectionBehavior(QTableWidget.SelectRows)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(False)
+        self.use_button = QPushButton("Use this batch size")
+        self.use_button.setToolTip("Put the recommended size into the run's arguments")
+        self.use_button.clicked.connect(self._use)
+        self.copy_button = QPushButton("Copy command")
+        self.copy_button.setToolTip("Copy the command line with the recommended size")
+        self.copy_button.clicked.connect(self._copy)
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip("Save the plot (PNG) and the search (JSON, CSV)")
+        self.export_button.clicked.connect(self._export_dialog)
+        self.headline = QLabel()
+        self.headline.setWordWrap(True)
+        self.headline.setTextFormat(Qt.RichText)
+
+    def _layout(self) -> None:
+        form = QFormLayout()
+        script_row = QHBoxLayout()
+        script_row.addWidget(self.script_edit, 1)
+        script_row.addWidget(self.browse_button)
+        form.addRow("Script:", script_row)
+        form.addRow("Arguments:", self.args_edit)
+        form.addRow("Batch option:", self.batch_edit)
+        size_row = QHBoxLayout()
+        size_row.addWidget(self.min_spin)
+        size_row.addWidget(QLabel("to"))
+        size_row.addWidget(self.max_spin)
+        form.addRow("Sizes:", size_row)
+        form.addRow("Device:", self.device_combo)
+        form.addRow("Budget:", self.budget_edit)
+        form.addRow("Headroom:", self.headroom_edit)
+        form.addRow("Rounding:", self.rounding_combo)
+        form.addRow("Steps per trial:", self.steps_spin)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.start_button)
+        buttons.addWidget(self.cancel_button)
+        left = QVBoxLayout()
+        left.addLayout(form)
+        left.addLayout(buttons)
+        left.addWidget(self.progress)
+        left.addWidget(self.status)
+        left.addStretch(1)
+        left_widget = QWidget()
+        left_widget.setLayout(left)
+        actions = QHBoxLayout()
+        actions.addWidget(self.headline, 1)
+        actions.addWidget(self.use_button)
+        actions.addWidget(self.copy_button)
+        actions.addWidget(self.export_button)
+        right = QVBoxLayout()
+        right.setContentsMargins(0, 0, 0, 0)
+        right.addLayout(actions)
+        splitter = QSplitter(Qt.Vertical)
+        splitter.addWidget(self.plot)
+        splitter.addWidget(self.table)
+        splitter.setSizes([300, 140])
+        right.addWidget(splitter, 1)
+        right_widget = QWidget()
+        right_widget.setLayout(right)
+        outer = QSplitter(Qt.Horizontal)
+        outer.addWidget(left_widget)
+        outer.addWidget(right_widget)
+        outer.setStretchFactor(1, 1)
+        outer.setSizes([320, 700])
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(outer)
+
+    # -- the form -------------------------------------------------------------------------------
+    def set_script(self, script: str | None, args: list[str]) -> None:
+        """Fill the form with the window's script (when the form has none)."""
+        if script and not self.script_edit.text():
+            self.script_edit.setText(script)
+            self.args_edit.setText(shlex.join(_without(args, self.batch_edit.text())))
+
+    @Slot()
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Script to tune", "", "Python (*.py)")
+        if path:
+            self.script_edit.setText(path)
+
+    @Slot()
+    def _default_budget(self) -> None:
+        try:
+            self.budget_edit.setText(format_bytes(default_budget(self.device_combo.currentText())))
+        except TuneError:
+            self.budget_edit.clear()
+
+    def _plan(self) -> tuple[TrialPlan, int, int]:
+        """The trials' plan, the limit and the headroom from the form; TuneError (with
+        what to fix) for anything invalid."""
+        try:
+            script = str(validate_script(self.script_edit.text().strip()))
+        except ScriptError as exc:
+            raise TuneError(str(exc)) from None
+        try:
+            args = tuple(shlex.split(self.args_edit.text()))
+        except ValueError as exc:
+            raise TuneError(f"the arguments cannot be read: {exc}") from None
+        option = self.batch_edit.text().strip()
+        if not option:
+            raise TuneError("give the script's batch-size option, e.g. --batch-size")
+        if not option.startswith("-"):
+            option = "--" + option
+        if self.min_spin.value() > self.max_spin.value():
+            raise TuneError("the smallest size is above the largest")
+        device = self.device_combo.currentText()
+        try:
+            budget = parse_bytes(self.budget_edit.text())
+            room = headroom_bytes(self.headroom_edit.text().strip() or None, budget, device)
+        except ValueError as exc:
+            raise TuneError(str(exc)) from None
+        if budget <= 0 or room >= budget:
+            raise TuneError("the headroom leaves nothing of the budget")
+        plan = TrialPlan(script, args, option, self.steps_spin.value(), device, budget)
+        return plan, budget - room, room
+
+    # -- the search -----------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """True while a search runs."""
+        return self._thread is not None
+
+    @Slot()
+    def start(self) -> bool:
+        """Start a search with the form's settings; False (and why, in red) if invalid."""
+        if self.running:
+            return False
+        try:
+            self.plan, self.limit, room = self._plan()
+        except TuneError as exc:
+            self._say(str(exc), error=True)
+            return False
+        self.trials, self.fit, self.result = [], None, None
+        self.table.setRowCount(0)
+        self._redraw()
+        self.progress.setRange(0, EXPECTED_TRIALS)
+        self.progress.setValue(0)
+        self.progress.setFormat("trial 1 of about %m")
+        self._say(
+            f"Trials of {Path(self.plan.script).name} must stay under "
+            f"{format_bytes(self.limit)} (budget {format_bytes(self.plan.budget_bytes)} − "
+            f"headroom {format_bytes(room)}). Each trial is a separate process."
+        )
+        worker = TuneWorker(
+            self.plan,
+            self.limit,
+            self.min_spin.value(),
+            self.max_spin.value(),
+            self.rounding_combo.currentData(),
+        )
+        worker.trial_done.connect(self._on_trial)
+        worker.errored.connect(lambda text: self._say(text, error=True))
+        worker.finished.connect(self._on_finished)
+        self._worker = worker
+        self._thread = start_in_thread(worker, "torchmem-tune", worker.run, worker.finished)
+        self._update_buttons()
+        return True
+
+    @Slot()
+    def cancel(self) -> None:
+        """Stop the search now (the running trial's process is ended first)."""
+        if self._worker is not None:
+            self._worker.cancel()
+            self._say("Cancelling: ending the running trial…")
+
+    def shutdown(self, timeout_ms: int = 10000) -> bool:
+        """Cancel and wait for the search's thread (the window is closing)."""
+        if self._thread is None:
+            return True
+        self.cancel()
+        done = wait_thread(self._thread, timeout_ms)
+        if done:
+            self._thread = self._worker = None
+        return done
+
+    @Slot(object, object)
+    def _on_trial(self, trial: Trial, fit: Fit | None) -> None:
+        self.trials.append(trial)
+        self.fit = fit
+        self._add_row(trial)
+        n = len(self.trials)
+        self.progress.setRange(0, max(EXPECTED_TRIALS, n + 1))
+        self.progress.setValue(n)
+        mean = sum(t.duration_s for t in self.trials) / n
+        left = max(self.progress.maximum() - n, 1) * mean
+        self.progress.setFormat(f"trial {n + 1} of about %m · about {left:.0f} s left")
+        self._redraw()
+
+    @Slot(object)
+    def _on_finished(self, result: TuneResult | None) -> None:
+        if self._thread is not None:
+            wait_thread(self._thread, 5000)
+        self._thread = self._worker = None
+        self.result = result
+        self.progress.setRange(0, max(len(self.trials), 1))
+        self.progress.setValue(len(self.trials))
+        self.progress.setFormat(f"{len(self.trials)} trials")
+        if result is not None:
+            self.fit = result.fit
+            self._say(_explain(result, self.plan.batch_arg if self.plan else ""))
+        self._redraw()
+        self._update_buttons()
+
+    # -- what it shows --------------------------------------------------------------------------
+    def _say(self, text: str, error: bool = False) -> None:
+        self.status.setStyleSheet("color: #c0392b;" if error else "")
+        self.status.setText(text)
+
+    def _add_row(self, trial: Trial) -> None:
+        row = self.table.rowCount()
+        self.table.insertRow(row)
+        if trial.oom:
+            verdict = "out of memory"
+        elif not trial.ok:
+            verdict = "failed"
+        else:
+            verdict = "fits" if trial.fits(self.limit) else "over the limit"
+        cells = (
+            str(row + 1),
+            f"{trial.batch_size:,}",
+            trial.role,
+            format_bytes(trial.peak_bytes) if trial.peak_bytes is not None else "–",
+            format_bytes(trial.predicted_bytes) if trial.predicted_bytes else "–",
+            verdict,
+            f"{trial.samples_per_s:,.0f}" if trial.samples_per_s else "–",
+            f"{trial.duration_s:.1f} s",
+        )
+        for col, text in enumerate(cells):
+            cell = QTableWidgetItem(text)
+            if col in (0, 1, 3, 4, 6, 7):
+                cell.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+            if col == 5 and verdict != "fits":
+                cell.setForeground(pg.mkColor(FAIL_COLOR))
+            if trial.message:
+                cell.setToolTip(trial.message)
+            self.table.setItem(row, col, cell)
+        self.table.scrollToBottom()
+
+    def _redraw(self) -> None:
+        plan = self.plan
+        unit = auto_unit(plan.budget_bytes) if plan else "MiB"
+        scale = UNITS[unit]
+        self.plot.getPlotItem().setLabel("left", f"peak memory ({unit})")
+        ok = [t for t in self.trials if t.ok and t.peak_bytes is not None]
+        bad = [t for t in self.trials if not t.ok or t.peak_bytes is None]
+        self.ok_points.setData(
+            [math.log2(t.batch_size) for t in ok], [t.peak_bytes / scale for t in ok]
+        )
+        top = plan.budget_bytes if plan else 0
+        self.fail_points.setData(
+            [math.log2(t.batch_size) for t in bad],
+            [(t.peak_bytes or top) / scale for t in bad],
+        )
+        self._draw_fit(scale)
+        self._draw_rates()
+        for line, value in ((self.budget_line, top), (self.limit_line, self.limit)):
+            line.setVisible(bool(value))
+            line.setValue(value / scale)
+        result = self.result
+        for line, batch in (
+            (self.predicted_line, result.predicted if result else None),
+            (self.pick_line, result.recommended if result else None),
+        ):
+            line.setVisible(batch is not None)
+            if batch is not None:
+                line.setValue(math.log2(batch))
+        sizes = [t.batch_size for t in self.trials] + (
+            [result.predicted] if result and result.predicted else []
+        )
+        hi = max([*sizes, 2]) if sizes else self.max_spin.value()
+        lo = min([*sizes, self.min_spin.value()])
+        ticks = [(k, f"{2**k:,}") for k in range(int(math.log2(lo)), int(math.log2(hi)) + 2)]
+        self.plot.getPlotItem().getAxis("bottom").setTicks([ticks])
+        self.plot.getPlotItem().setXRange(math.log2(lo) - 0.3, math.log2(hi) + 0.3)
+        self._update_headline()
+        self._update_buttons()
+
+    def _draw_fit(self, scale: float) -> None:
+        fit = self.fit
+        if fit is None or not self.trials:
+            self.fit_curve.setData([], [])
+            self.band.curves[0].setData([], [])
+            self.band.curves[1].setData([], [])
+            return
+        sizes = [t.batch_size for t in self.trials]
+        reach = fit.largest_under(self.limit) or max(sizes)
+        right = max(max(sizes), min(reach * 1.3, self.max_spin.value() * 2))
+        xs = np.exp2(np.linspace(math.log2(min(sizes)), math.log2(max(right, 2)), 120))
+        ys = np.array([fit.peak(x) for x in xs])
+        self.fit_curve.setData(np.log2(xs), ys / scale)
+        band = 2 * fit.rms_residual
+        self.band.curves[0].setData(np.log2(xs), (ys - band) / scale)
+        self.band.curves[1].setData(np.log2(xs), (ys + band) / scale)
+
+    def _draw_rates(self) -> None:
+        rated = sorted(
+            (t.batch_size, t.samples_per_s) for t in self.trials if t.samples_per_s and t.ok
+        )
+        self.rate_curve.setData([math.log2(b) for b, _ in rated], [r for _, r in rated])
+        knee = self.result.knee if self.result else None
+        rates = dict(rated)
+        if knee in rates:
+            self.knee_point.setData([math.log2(knee)], [rates[knee]])
+        else:
+            self.knee_point.setData([], [])
+        if rated:
+            self.rate_view.setYRange(0, max(r for _, r in rated) * 1.15)
+
+    @Slot()
+    def _sync_rate_view(self) -> None:
+        item = self.plot.getPlotItem()
+        self.rate_view.setGeometry(item.vb.sceneBoundingRect())
+        self.rate_view.linkedViewChanged(item.vb, self.rate_view.XAxis)
+
+    def _update_headline(self) -> None:
+        result = self.result
+        if result is None:
+            self.headline.setText(
+                f"<b>{len(self.trials)}</b> trial(s) so far" if self.trials else ""
+            )
+            return
+        self.headline.setText(
+            f"Recommended <b>{result.recommended:,}</b> · largest measured to fit "
+            f"{result.max_fitting:,} · {len(result.trials)} trials, {result.ooms} out of memory"
+        )
+
+    def _update_buttons(self) -> None:
+        running = self.running
+        self.start_button.setEnabled(not running)
+        self.cancel_button.setEnabled(running)
+        done = self.result is not None and not running
+        for button in (self.use_button, self.copy_button):
+            button.setEnabled(done)
+        self.export_button.setEnabled(bool(self.trials) and not running)
+        for widget in (
+            self.script_edit, self.browse_button, self.args_edit, self.batch_edit,
+            self.min_spin, self.max_spin, self.device_combo, self.budget_edit,
+            self.headroom_edit, self.rounding_combo, self.steps_spin,
+        ):  # fmt: skip
+            widget.setEnabled(not running)
+
+    # -- results --------------------------------------------------------------------------------
+    def recommended_args(self) -> list[str]:
+        """The script's arguments with the recommended batch size."""
+        assert self.result is not None and self.plan is not None
+        return substitute(self.plan.args, self.plan.batch_arg, self.result.recommended)
+
+    @Slot()
+    def _use(self) -> None:
+        if self.result is not None and self.plan is not None:
+            self.use_batch_size.emit(self.plan.script, self.recommended_args())
+
+    @Slot()
+    def _copy(self) -> None:
+        if self.result is not None and self.plan is not None:
+            text = shlex.join(["python", self.plan.script, *self.recommended_args()])
+            QGuiApplication.clipboard().setText(text)
+            self._say(f"Copied: {text}")
+
+    @Slot()
+    def _export_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export the search", "tune.json", "JSON (*.json);;CSV (*.csv);;PNG (*.png)"
+        )
+        if path:
+            self.export(path)
+
+    def export(self, path: str) -> None:
+        """Write the search: ``.png`` the plot, ``.csv`` the trials, else the JSON summary
+        (the same as ``torchmem tune --summary``)."""
+        suffix = Path(path).suffix.lower()
+        try:
+            if suffix == ".png":
+                if not self.plot.grab().save(path):
+                    raise OSError("the image could not be written")
+            elif suffix == ".csv":
+                rows = [t.to_json() for t in self.trials]
+                header = list(rows[0]) if rows else []
+                lines = [",".join(header)] + [
+                    ",".join(_csv(row[k]) for k in header) for row in rows
+                ]
+                Path(path).write_text("\n".join(lines) + "\n")
+            else:
+                assert self.plan is not None
+                data = tune_summary(
+                    self.plan, list(self.plan.args), self.limit,
+                    self.plan.budget_bytes - self.limit, self.result, self.trials,
+                    sum(t.duration_s for t in self.trials),
+                )  # fmt: skip
+                Path(path).write_text(json.dumps(data, indent=2) + "\n")
+        except OSError as exc:
+            self._say(f"Cannot export to {path}: {exc}", error=True)
+            return
+        self._say(f"Exported {path}")
+
+
+def _explain(result: TuneResult, option: str) -> str:
+    lines = [f"Recommended {option} {result.recommended:,}."]
+    if result.fit is not None:
+        lines.append(f"Memory model: {result.fit.describe()}.")
+    if result.knee is not None:
+        lines.append(
+            f"Throughput knee: {result.knee:,} (within 5% of the best samples/s measured)."
+        )
+    lines += [f"Note: {note}." for note in result.notes]
+    return " ".join(lines)
+
+
+def _without(args: list[str], option: str) -> list[str]:
+    """``args`` without ``option`` and its value (the search sets it)."""
+    out, skip = [], False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == option and i + 1 < len(args):
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out
+
+
+def _csv(value: object) -> str:
+    text = "" if value is None else str(value)
+    return f'"{text}"' if "," in text or '"' in text else text
+
+
+def _cuda_devices() -> list[str]:
+    """``cuda:N`` for every NVIDIA device NVML sees (no CUDA context is created)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [f"cuda:{i}" for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:
+        return []

@@ -1,0 +1,124 @@
+"""The Tune panel, driven as a user would: fill the form, Start, watch, use the result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import check_summary
+
+from torchmem.gui.tune_panel import TunePanel
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).parent / "scripts"
+LINEAR = str(SCRIPTS / "linear_memory.py")
+SEARCH_TIMEOUT_MS = 180_000
+
+
+@pytest.fixture
+def panel(qtbot):
+    panel = TunePanel()
+    qtbot.addWidget(panel)
+    panel.resize(1100, 600)
+    yield panel
+    assert panel.shutdown()
+
+
+def fill(panel, script=LINEAR, budget="700 MiB", args=""):
+    panel.script_edit.setText(script)
+    panel.args_edit.setText(args)
+    panel.budget_edit.setText(budget)
+
+
+def test_a_search_fills_plot_and_table_live_and_its_result_can_be_used(qtbot, panel, tmp_path):
+    fill(panel)
+    seen: list[int] = []
+    panel.table.model().rowsInserted.connect(lambda *_: seen.append(panel.table.rowCount()))
+    assert panel.start()
+    assert not panel.start_button.isEnabled() and panel.cancel_button.isEnabled()
+    assert not panel.budget_edit.isEnabled()  # the form is frozen while it runs
+    qtbot.waitUntil(lambda: not panel.running, timeout=SEARCH_TIMEOUT_MS)
+    result = panel.result
+    assert result is not None, panel.status.text()
+    # Filled trial by trial, not at the end.
+    assert seen == list(range(1, len(result.trials) + 1))
+    assert panel.table.rowCount() == len(result.trials) >= 3
+    assert len(panel.ok_points.data) == sum(t.ok for t in result.trials)
+    assert len(panel.fit_curve.getData()[0]) > 10  # the model, drawn out to the budget
+    assert panel.pick_line.isVisible() and panel.limit_line.isVisible()
+    assert f"{result.recommended:,}" in panel.headline.text()
+    assert "Recommended --batch-size" in panel.status.text()
+    assert panel.progress.value() == len(result.trials)
+    # "Use this batch size": the script and its arguments, with the size filled in.
+    with qtbot.waitSignal(panel.use_batch_size) as used:
+        panel.use_button.click()
+    script, args = used.args
+    assert script == LINEAR and args == ["--batch-size", str(result.recommended)]
+    # Exports: the same summary as `torchmem tune --summary`, a CSV and a PNG.
+    panel.export(str(tmp_path / "t.json"))
+    data = check_summary(json.loads((tmp_path / "t.json").read_text()))
+    assert data["recommended"] == result.recommended and data["kind"] == "tune"
+    panel.export(str(tmp_path / "t.csv"))
+    assert (tmp_path / "t.csv").read_text().count("\n") == len(result.trials) + 1
+    panel.export(str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").stat().st_size > 5000
+
+
+def test_cancel_in_the_middle_leaves_no_process_and_a_usable_panel(qtbot, panel):
+    fill(panel, budget="4 GiB", args="--steps 100000")
+    panel.steps_spin.setValue(1000)  # a trial that would run for minutes
+    me = psutil.Process()
+
+    def trial_running():
+        return any("linear_memory" in " ".join(c.cmdline()) for c in me.children(recursive=True))
+
+    assert panel.start()
+    qtbot.waitUntil(trial_running, timeout=60_000)
+    panel.cancel_button.click()
+    qtbot.waitUntil(lambda: not panel.running, timeout=30_000)
+    assert not trial_running()
+    assert "cancelled" in panel.status.text()
+    assert panel.start_button.isEnabled() and panel.budget_edit.isEnabled()
+
+
+@pytest.mark.parametrize(
+    ("script", "budget", "batch", "message"),
+    [
+        (str(SCRIPTS / "missing.py"), "1 GiB", "--batch-size", "missing.py"),
+        (LINEAR, "a lot", "--batch-size", "not a size"),
+        (LINEAR, "1 GiB", "", "batch-size option"),
+    ],
+)
+def test_bad_input_is_said_in_red_and_starts_nothing(qtbot, panel, script, budget, batch, message):
+    fill(panel, script=script, budget=budget)
+    panel.batch_edit.setText(batch)
+    assert not panel.start()
+    assert message in panel.status.text() and "c0392b" in panel.status.styleSheet()
+    assert not panel.running and panel.start_button.isEnabled()
+
+
+def test_a_budget_below_batch_size_one_is_reported_and_the_panel_stays_usable(qtbot, panel):
+    fill(panel, budget="60 MiB")
+    assert panel.start()
+    qtbot.waitUntil(lambda: not panel.running, timeout=SEARCH_TIMEOUT_MS)
+    assert panel.result is None
+    assert "batch size 1 does not fit" in panel.status.text()
+    assert panel.table.rowCount() == 1 and len(panel.fail_points.data) == 1
+    assert panel.start_button.isEnabled()
+
+
+def test_the_window_opens_the_panel_on_its_script_and_takes_the_result_back(qtbot, make_window):
+    window = make_window()
+    window.load_script(LINEAR, ["--steps", "50", "--batch-size", "8"])
+    window.act_tune.trigger()  # Run > Tune the batch size… (Ctrl+B)
+    assert window.tune_dock.isVisible()
+    # The window's script, its other arguments; the batch option is the search's to set.
+    assert window.tune.script_edit.text() == str(Path(LINEAR).resolve())
+    assert window.tune.args_edit.text() == "--steps 50"
+    window.tune.use_batch_size.emit(LINEAR, ["--steps", "50", "--batch-size", "384"])
+    assert window.script_args == ["--steps", "50", "--batch-size", "384"]
+    assert window.args_edit.text() == "--steps 50 --batch-size 384"
+    assert "F5 runs the script" in window.statusBar().currentMessage()
