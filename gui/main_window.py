@@ -708,6 +708,8 @@ class MainWindow(QMainWindow):
             self._update_actions()
             return True
         self.setWindowTitle(f"{Path(self.script).name} – torchmem")
+        if not run and not self.running:
+            self.run_label.setText(f"Ready: {Path(self.script).name} (F5 runs it)")
         self._update_actions()
         if run:
             return self.run()

@@ -212,6 +212,10 @@ class TunePanel(QWidget):
             angle=0, pen=pg.mkPen(LIMIT_COLOR, style=Qt.DotLine), label="budget − headroom",
             labelOpts={"position": 0.3, "color": LIMIT_COLOR},
         )  # fmt: skip
+        self.total_line = pg.InfiniteLine(
+            angle=0, pen=pg.mkPen(FIT_COLOR, width=1), label="device total",
+            labelOpts={"position": 0.55, "color": FIT_COLOR},
+        )  # fmt: skip
         self.predicted_line = pg.InfiniteLine(
             angle=90, pen=pg.mkPen(FIT_COLOR, style=Qt.DashLine), label="predicted",
             labelOpts={"position": 0.95, "color": FIT_COLOR},
@@ -222,8 +226,12 @@ class TunePanel(QWidget):
         )  # fmt: skip
         for it in (self.band, self.fit_curve, self.ok_points, self.fail_points):
             item.addItem(it)
-        for line in (self.budget_line, self.limit_line, self.predicted_line, self.pick_line):
-            item.addItem(line, ignoreBounds=line in (self.predicted_line, self.pick_line))
+        lines = (
+            self.budget_line, self.limit_line, self.total_line, self.predicted_line,
+            self.pick_line,
+        )  # fmt: skip
+        for line in lines:
+            item.addItem(line, ignoreBounds=line is not self.budget_line)
             line.hide()
         # Throughput on a right axis of its own, sharing the batch-size axis.
         self.rate_view = pg.ViewBox()
@@ -511,7 +519,12 @@ class TunePanel(QWidget):
         )
         self._draw_fit(scale)
         self._draw_rates()
-        for line, value in ((self.budget_line, top), (self.limit_line, self.limit)):
+        total = _device_total(plan.device) if plan and not plan.on_cpu else None
+        for line, value in (
+            (self.budget_line, top),
+            (self.limit_line, self.limit),
+            (self.total_line, total or 0),
+        ):
             line.setVisible(bool(value))
             line.setValue(value / scale)
         result = self.result
@@ -680,6 +693,18 @@ def _without(args: list[str], option: str) -> list[str]:
 def _csv(value: object) -> str:
     text = "" if value is None else str(value)
     return f'"{text}"' if "," in text or '"' in text else text
+
+
+def _device_total(device: str) -> int | None:
+    """The total memory of ``cuda:N`` (NVML), or None where it cannot be read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = int(device.partition(":")[2] or 0)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total)
+    except Exception:
+        return None
 
 
 def _cuda_devices() -> list[str]:

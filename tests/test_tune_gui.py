@@ -122,3 +122,4 @@ def test_the_window_opens_the_panel_on_its_script_and_takes_the_result_back(qtbo
     assert window.script_args == ["--steps", "50", "--batch-size", "384"]
     assert window.args_edit.text() == "--steps 50 --batch-size 384"
     assert "F5 runs the script" in window.statusBar().currentMessage()
+    assert window.run_label.text().startswith("Ready: linear_memory.py")

@@ -49,7 +49,7 @@ class Trial:
     steps: int = 0
     duration_s: float = 0.0
     message: str = ""
-    #: Why this size was tried: ``probe``, ``verify`` or ``bisect``.
+    #: Why this size was tried: ``probe``, ``verify``, ``refit`` or ``bisect``.
     role: str = "probe"
     #: What the model predicted for this size before it ran (None before any fit).
     predicted_bytes: float | None = None
@@ -296,7 +296,9 @@ class BatchSearch:
             if batch <= good or batch in tried:
                 return
             tried.add(batch)
-            trial = self._run(batch, "verify" if len(tried) == 1 else "bisect")
+            # A second look is a cut after a failure, a refitted guess after a miss.
+            again = "bisect" if self.failed is not None else "refit"
+            trial = self._run(batch, "verify" if len(tried) == 1 else again)
             if not trial.ok and not trial.oom:
                 raise TuneError(f"the script failed at batch size {batch}: {trial.message}")
             failed = self.failed
