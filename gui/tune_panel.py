@@ -204,26 +204,12 @@ class TunePanel(QWidget):
         self.band = pg.FillBetweenItem(
             pg.PlotDataItem(), pg.PlotDataItem(), brush=pg.mkBrush(127, 127, 127, 40)
         )
-        self.budget_line = pg.InfiniteLine(
-            angle=0, pen=pg.mkPen(BUDGET_COLOR, style=Qt.DashLine), label="budget",
-            labelOpts={"position": 0.05, "color": BUDGET_COLOR},
-        )  # fmt: skip
-        self.limit_line = pg.InfiniteLine(
-            angle=0, pen=pg.mkPen(LIMIT_COLOR, style=Qt.DotLine), label="budget − headroom",
-            labelOpts={"position": 0.3, "color": LIMIT_COLOR},
-        )  # fmt: skip
-        self.total_line = pg.InfiniteLine(
-            angle=0, pen=pg.mkPen(FIT_COLOR, width=1), label="device total",
-            labelOpts={"position": 0.55, "color": FIT_COLOR},
-        )  # fmt: skip
-        self.predicted_line = pg.InfiniteLine(
-            angle=90, pen=pg.mkPen(FIT_COLOR, style=Qt.DashLine), label="predicted",
-            labelOpts={"position": 0.95, "color": FIT_COLOR},
-        )  # fmt: skip
-        self.pick_line = pg.InfiniteLine(
-            angle=90, pen=pg.mkPen(PICK_COLOR, width=2), label="recommended",
-            labelOpts={"position": 0.85, "color": PICK_COLOR},
-        )  # fmt: skip
+        # (angle, colour, pen style, width, label, where the label sits along the line)
+        self.budget_line = _line(0, BUDGET_COLOR, Qt.DashLine, 1, "budget", 0.05)
+        self.limit_line = _line(0, LIMIT_COLOR, Qt.DotLine, 1, "budget − headroom", 0.3)
+        self.total_line = _line(0, FIT_COLOR, Qt.SolidLine, 1, "device total", 0.55)
+        self.predicted_line = _line(90, FIT_COLOR, Qt.DashLine, 1, "predicted", 0.95)
+        self.pick_line = _line(90, PICK_COLOR, Qt.SolidLine, 2, "recommended", 0.85)
         for it in (self.band, self.fit_curve, self.ok_points, self.fail_points):
             item.addItem(it)
         lines = (
@@ -663,6 +649,18 @@ class TunePanel(QWidget):
             self._say(f"Cannot export to {path}: {exc}", error=True)
             return
         self._say(f"Exported {path}")
+
+
+def _line(
+    angle: int, color: str, style: Qt.PenStyle, width: int, label: str, position: float
+) -> pg.InfiniteLine:
+    """A labelled horizontal (0) or vertical (90) marker line of the plot."""
+    return pg.InfiniteLine(
+        angle=angle,
+        pen=pg.mkPen(color, style=style, width=width),
+        label=label,
+        labelOpts={"position": position, "color": color},
+    )
 
 
 def _explain(result: TuneResult, option: str) -> str:
