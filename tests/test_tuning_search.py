@@ -169,3 +169,6 @@ def test_an_accelerator_trial_is_judged_on_peak_reserved_not_rss():
     assert trial.samples_per_s == 128
     oom = _measured(plan, 128, 1, 0, None, {**summary, "status": "out of memory"}, "", 3.0)
     assert oom.oom and not oom.ok
+    cpu_only = {**summary, "peak_bytes": {"cpu_rss": 2 * GiB}, "peak_reserved_bytes": {}}
+    unused = _measured(plan, 64, 0, 0, None, cpu_only, "", 6.0)
+    assert not unused.ok and not unused.oom and "no cuda:0 memory" in unused.message

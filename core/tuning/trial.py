@@ -217,6 +217,14 @@ def _measured(
         return Trial(**base, ok=False, oom=True, message=str(summary.get("message", "")))
     if code != 0:
         return Trial(**base, ok=False, oom=False, message=_failure(plan, code, summary, stderr))
+    if not plan.on_cpu and reserved is None:
+        return Trial(
+            **base,
+            ok=False,
+            oom=False,
+            message=f"the script reported no {plan.device} memory: it did not use "
+            f"{plan.device} (set the script's own device option), or tune with --device cpu",
+        )
     if steps == 0:
         return Trial(
             **base,
