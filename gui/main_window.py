@@ -358,11 +358,13 @@ class MainWindow(QMainWindow):
         )
         self.addDockWidget(Qt.RightDockWidgetArea, self.breakdown_dock)
 
-        self.tune = TunePanel()
-        self.tune.use_batch_size.connect(self._use_batch_size)
+        # The Tune panel (a plot, a table, a form) is made the first time its dock shows:
+        # most sessions never tune, and every window would otherwise carry its widgets.
+        self._tune: TunePanel | None = None
         self.tune_dock = QDockWidget("Tune", self)
         self.tune_dock.setObjectName("tune_dock")
-        self.tune_dock.setWidget(self.tune)
+        self.tune_dock.setWidget(QLabel("Run > Tune the batch size… (Ctrl+B)"))
+        self.tune_dock.visibilityChanged.connect(self._on_tune_visible)
         self.tune_dock.setToolTip("Find the largest batch size that fits a memory budget")
         self.addDockWidget(Qt.BottomDockWidgetArea, self.tune_dock)
         self.tabifyDockWidget(self.alerts_dock, self.tune_dock)
@@ -830,6 +832,20 @@ class MainWindow(QMainWindow):
         self._update_actions()
 
     # -- attaching ------------------------------------------------------------------------
+    @property
+    def tune(self) -> TunePanel:
+        """The Tune panel, made on first use."""
+        if self._tune is None:
+            self._tune = TunePanel()
+            self._tune.use_batch_size.connect(self._use_batch_size)
+            self.tune_dock.setWidget(self._tune)
+        return self._tune
+
+    @Slot(bool)
+    def _on_tune_visible(self, visible: bool) -> None:
+        if visible:
+            self.tune.set_script(self.script, self.script_args)
+
     def open_tune(self) -> None:
         """Show the Tune panel, with the current script and its arguments."""
         self.tune.set_script(self.script, self.script_args)
@@ -1158,7 +1174,8 @@ class MainWindow(QMainWindow):
         A script already known to be blocked in a C call (or abandoned) is not waited for:
         the process exits at once (``force_exit_needed``).
         """
-        clean = self.tune.shutdown(timeout_ms) and self.runs.shutdown(timeout_ms)
+        tuned = self._tune is None or self._tune.shutdown(timeout_ms)
+        clean = tuned and self.runs.shutdown(timeout_ms)
         self.bridge.close()
         if self._collector is not None:
             GuiThreadCollector.release()
