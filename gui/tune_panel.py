@@ -43,7 +43,7 @@ from torchmem.cli.tune import default_budget, headroom_bytes, tune_summary
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.tuning.model import Fit
 from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
-from torchmem.tuning.trial import TrialPlan, run_trial, substitute
+from torchmem.tuning.trial import TrialPlan, run_trial, substitute, without_option
 from torchmem.units import UNITS, auto_unit, format_bytes, parse_bytes
 
 from .workers import start_in_thread, wait_thread
@@ -322,7 +322,7 @@ class TunePanel(QWidget):
         """Fill the form with the window's script (when the form has none)."""
         if script and not self.script_edit.text():
             self.script_edit.setText(script)
-            self.args_edit.setText(shlex.join(_without(args, self.batch_edit.text())))
+            self.args_edit.setText(shlex.join(without_option(args, self.batch_edit.text())))
 
     @Slot()
     def _browse(self) -> None:
@@ -673,19 +673,6 @@ def _explain(result: TuneResult, option: str) -> str:
         )
     lines += [f"Note: {note}." for note in result.notes]
     return " ".join(lines)
-
-
-def _without(args: list[str], option: str) -> list[str]:
-    """``args`` without ``option`` and its value (the search sets it)."""
-    out, skip = [], False
-    for i, arg in enumerate(args):
-        if skip:
-            skip = False
-        elif arg == option and i + 1 < len(args):
-            skip = True
-        elif not arg.startswith(option + "="):
-            out.append(arg)
-    return out
 
 
 def _csv(value: object) -> str:

@@ -14,7 +14,7 @@ import pytest
 from helpers import check_summary
 
 from torchmem.tuning.search import TuneCancelled
-from torchmem.tuning.trial import TrialPlan, run_trial, substitute
+from torchmem.tuning.trial import TrialPlan, run_trial, substitute, without_option
 
 pytestmark = pytest.mark.slow
 
@@ -136,3 +136,4 @@ def test_the_batch_option_is_replaced_or_appended():
     assert substitute(["--lr", "0.1", "--bs", "8"], "--bs", 64) == ["--lr", "0.1", "--bs", "64"]
     assert substitute(["--bs=8", "x"], "--bs", 64) == ["--bs=64", "x"]
     assert substitute(["--epochs", "1"], "--bs", 64) == ["--epochs", "1", "--bs", "64"]
+    assert without_option(["--lr", "1", "--bs", "8", "--bs=4"], "--bs") == ["--lr", "1"]

@@ -78,6 +78,21 @@ def substitute(args: Sequence[str], option: str, value: int) -> list[str]:
     return out
 
 
+def without_option(args: Sequence[str], option: str) -> list[str]:
+    """``args`` without ``option`` and its value (``--bs 8`` or ``--bs=8``): what is left
+    for the search to set."""
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == option and i + 1 < len(args):
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out
+
+
 def trial_command(plan: TrialPlan, batch: int, summary: str) -> list[str]:
     """The command line of one trial (shown to the user as what was run)."""
     return [
