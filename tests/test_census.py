@@ -204,3 +204,35 @@ def test_pinned_host_memory_is_asked_once_per_storage_and_only_with_an_accelerat
     assert len(infos) == 6 and all(t.pinned for t in infos)
     assert sum(1 for t in asked if t.untyped_storage().data_ptr() == base.data_ptr()) == 1
     del views
+
+
+def test_an_object_another_thread_lets_go_of_during_a_census_dies_in_that_thread():
+    """The census's list of the whole heap must never own anybody's last reference: in
+    the window, the GUI thread's objects dying in the script thread deadlock PySide6."""
+    import threading
+
+    deaths: list[int] = []
+
+    class Mortal:
+        def __del__(self) -> None:
+            deaths.append(threading.get_ident())
+
+    ballast = [[] for _ in range(300_000)]  # a heap big enough for the census to take a while
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            batch = [Mortal() for _ in range(2000)]
+            del batch
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        for _ in range(6):
+            take_census(referrers=False)
+    finally:
+        stop.set()
+        churner.join()
+    del ballast
+    assert deaths, "the other thread made and dropped objects during the censuses"
+    assert set(deaths) == {churner.ident}

@@ -7,10 +7,11 @@ leak detector's culprits; :mod:`torchmem.tensors.walk` is what takes one.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from torchmem.tensors.heap import objects_of_types
 
 KINDS = ("parameter", "buffer", "gradient", "optimizer_state", "activation", "plain")
 KIND_LABELS = {
@@ -58,11 +59,10 @@ class TensorInfo:
         """
         import torch
 
-        Tensor = torch.Tensor
-        for obj in gc.get_objects():
+        (tensors,), _ = objects_of_types((torch.Tensor,))
+        for obj in tensors:
             if (
-                issubclass(type(obj), Tensor)
-                and not obj.is_meta
+                not obj.is_meta
                 and obj.layout is torch.strided
                 and str(obj.device) == self.device
                 and tuple(obj.shape) == self.shape

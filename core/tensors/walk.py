@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from itertools import compress, islice
 from typing import Any
 
+from torchmem.tensors.heap import objects_of_types
 from torchmem.tensors.model import (
     KIND_RANK,
     Census,
@@ -370,23 +371,8 @@ def take_census(
 def _find_objects(
     torch: Any, excluded: set[int]
 ) -> tuple[list[Any], list[Any], list[Any], set[type]]:
-    """Every tensor, module and optimizer on the heap, and the tensor types among them.
-
-    One pass over ``gc.get_objects()``.
-
-    The pass runs in C: each object's type is looked up once (``map``), the few distinct
-    types are classified in Python, and ``compress`` picks the objects of the wanted ones.
-    """
-    objects = gc.get_objects()
-    types_ = list(map(type, objects))
-    distinct = set(types_)
-    found = []
-    tensor_types: set[type] = set()
-    for base in (torch.Tensor, torch.nn.Module, torch.optim.Optimizer):
-        wanted = {tp for tp in distinct if issubclass(tp, base)}
-        tensor_types = tensor_types or wanted
-        found.append(list(compress(objects, map(wanted.__contains__, types_))) if wanted else [])
-    del objects, types_
+    """Every tensor, module and optimizer on the heap, and the tensor types among them."""
+    found, tensor_types = objects_of_types((torch.Tensor, torch.nn.Module, torch.optim.Optimizer))
     tensors, modules, optimizers = found
     if excluded:
         tensors = [t for t in tensors if id(t) not in excluded]
