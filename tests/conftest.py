@@ -29,6 +29,13 @@ def script_path():
 
 
 @pytest.fixture(autouse=True)
+def _private_sessions(tmp_path_factory, monkeypatch):
+    """Recorded sessions of the tests (the window records every run) go to a folder of
+    their own, never to the user's."""
+    monkeypatch.setenv("TORCHMEM_SESSIONS_DIR", str(tmp_path_factory.mktemp("sessions")))
+
+
+@pytest.fixture(autouse=True)
 def _no_dangling_threads(request, monkeypatch):
     """Fail any test that leaves a QThread or a torchmem thread running."""
     started: WeakKeyDictionary = WeakKeyDictionary()

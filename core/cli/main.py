@@ -6,6 +6,8 @@
     torchmem run [OPTIONS] -- COMMAND...           any command (torchrun), agents in each rank
     torchmem ps [--json]                           processes to attach to
     torchmem attach [OPTIONS] PID                  headless: collect from a running process
+    torchmem report [--json] SESSION               a recorded session's summary, exports
+    torchmem sessions [--json]                     the recorded sessions, newest first
 
 torchmem's own options come before the script; everything after the script is the
 script's, as with ``python`` itself.
@@ -128,7 +130,43 @@ def run_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="stop the script cleanly after N training steps, and exit 0 (a quick check)",
     )
+    _record(p)
     _script(p)
+    return p
+
+
+def _record(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--record",
+        metavar="FILE",
+        help="record the run into this new session file as it happens (survives a kill -9 "
+        "but for the last second); read it with `torchmem report FILE`",
+    )
+
+
+def report_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem report``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem report",
+        description="Print the summary of a recorded session (torchmem run --record, or the "
+        "window's recordings: see `torchmem sessions`), and export it.",
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--summary", metavar="JSON", help="also write the JSON summary here")
+    p.add_argument("--csv", metavar="FILE", help="export every sample as CSV, a column per trace")
+    p.add_argument("session", help="the session file (.tmsession)")
+    return p
+
+
+def sessions_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem sessions``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem sessions",
+        description="List recorded sessions, newest first: the window records every run "
+        "into a per-user folder ($TORCHMEM_SESSIONS_DIR overrides it).",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--dir", metavar="FOLDER", help="list this folder instead")
     return p
 
 
@@ -318,7 +356,7 @@ def _ps(argv: list[str]) -> int:
 
 
 #: The subcommands, for the message about an unknown one.
-SUBCOMMANDS = ("run", "ps", "attach", "tune")
+SUBCOMMANDS = ("run", "ps", "attach", "tune", "report", "sessions")
 
 
 def _has_display() -> bool:
@@ -336,6 +374,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _ps(argv[1:])
     if argv[:1] == ["tune"]:
         return _tune(argv[1:])
+    if argv[:1] == ["report"]:
+        from torchmem.cli.report import report
+
+        opts = report_parser().parse_args(argv[1:])
+        return report(opts.session, opts.json, opts.summary, opts.csv)
+    if argv[:1] == ["sessions"]:
+        from torchmem.cli.report import sessions
+
+        opts = sessions_parser().parse_args(argv[1:])
+        return sessions(opts.dir, opts.json)
     if argv[:1] == ["attach"]:
         opts = attach_parser().parse_args(argv[1:])
         from torchmem.cli.attach import attach_headless, entry_from_file
@@ -395,6 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             listen=opts.listen,
             wait_attach=opts.wait_attach,
             max_steps=opts.max_steps,
+            record=opts.record,
         )
 
     demo_args: list[str] = []

@@ -19,6 +19,8 @@ from torchmem.events import AlertKind, Event, Marker, MarkerKind, RunFinished, R
 from torchmem.probe.backends import peak_rss
 from torchmem.probe.parent_watch import ParentWatch
 from torchmem.probe.runner import EXIT_STOPPED
+from torchmem.record.recorder import start_recording
+from torchmem.record.store import RecordError
 from torchmem.session import Session
 from torchmem.sources.base import Script
 from torchmem.sources.inprocess import InProcessSource
@@ -78,6 +80,10 @@ def summary(session: Session, source: InProcessSource, result: RunFinished) -> d
     )
 
 
+def _warn(message: str) -> None:
+    sys.stderr.write(f"torchmem: {message}\n")
+
+
 def run_headless(
     script: str,
     args: list[str],
@@ -90,6 +96,7 @@ def run_headless(
     listen: str | None = None,
     wait_attach: float = 0.0,
     max_steps: int | None = None,
+    record: str | None = None,
 ) -> int:
     """Run ``script`` with monitoring; return its exit code (130 when interrupted).
 
@@ -97,9 +104,18 @@ def run_headless(
     (unless the script itself failed: its own code wins). With ``max_steps``, the script
     is stopped at its step boundary after that many steps, and that counts as success
     (exit code 0): how tuning trials and quick checks run a few steps of a long training.
+    With ``record``, the run is written into that new session file as it happens.
     """
     session = Session()
     source = InProcessSource(session, hz=hz)
+    recorder = None
+    if record:
+        try:
+            recorder = start_recording(record, session, "run", script, args, cwd, on_problem=_warn)
+        except RecordError as exc:
+            sys.stderr.write(f"torchmem: {exc}\n")
+            source.close()
+            return 2
     limit = StepLimit(source, max_steps) if max_steps else None
     # An isolated run of the window ends with the window, whatever killed it: from here on,
     # including the wait for the window to attach.
@@ -118,6 +134,8 @@ def run_headless(
             sys.stderr.write(f"torchmem: cannot start the agent: {exc}\n")
             if watch is not None:
                 watch.close()
+            if recorder is not None:
+                recorder.close()
             return 2
         if not quiet:
             sys.stderr.write(
@@ -149,6 +167,10 @@ def run_headless(
     data = summary(session, source, result)
     if max_steps:
         data["max_steps"] = max_steps
+    if recorder is not None:
+        recorder.close({"summary": data})
+        if recorder.error is None and not quiet:
+            sys.stderr.write(f"torchmem: recorded in {recorder.path}\n")
     if result.traceback:
         sys.stderr.write(result.traceback)
     if not quiet or result.status is not RunStatus.FINISHED:

@@ -176,6 +176,37 @@ class Census:
         named = sum(s.nbytes for s in self.storages.values() if s.named)
         return named / total if total else 1.0
 
+    def folded(self, top: int) -> Census:
+        """This census with only its ``top`` largest storages kept as they are; the rest
+        become one entry per device and kind, named ``(N smaller storages)``, so totals,
+        bytes by kind and devices stay exact while the size stays bounded (a recording
+        keeps every census this way)."""
+        if len(self.storages) <= top:
+            return self
+        ranked = sorted(self.storages.values(), key=lambda s: s.nbytes, reverse=True)
+        kept = {s.key: s for s in ranked[:top]}
+        rest: dict[tuple[str, str], list[StorageInfo]] = {}
+        for s in ranked[top:]:
+            rest.setdefault((s.device, s.kind), []).append(s)
+        for index, ((device, kind), group) in enumerate(sorted(rest.items()), start=1):
+            nbytes = sum(s.nbytes for s in group)
+            key = (device, -index)  # no real storage has a negative address
+            label = f"({len(group):,} smaller storages)"
+            kept[key] = StorageInfo(
+                key,
+                nbytes,
+                [
+                    TensorInfo(
+                        name=label, kind=kind, shape=(nbytes,), stride=(1,),
+                        storage_offset=0, dtype="uint8", device=device, numel=nbytes,
+                        element_size=1, span_bytes=nbytes, is_view=False,
+                        is_contiguous=True, requires_grad=False, is_leaf=True,
+                        grad_fn="", pinned=False, storage_key=key, named=False,
+                    )
+                ],
+            )  # fmt: skip
+        return Census(kept, list(self.skipped), self.duration_s, self.step)
+
     def diff(self, previous: Census | None) -> CensusDiff:
         """Storages new, freed and grown since ``previous``."""
         if previous is None:

@@ -1,0 +1,204 @@
+"""``torchmem report`` and ``torchmem sessions``: recorded runs, read back headless.
+
+A report is the run summary (the same schema as ``--summary``) rebuilt by replaying the
+session file into a Session, with what only the end of the run knew (the runner's step
+count, the kernel's peak RSS) taken from the summary the recorder stored, when the run
+got that far. A run whose recording stops without its end (``kill -9``, a crash, the OOM
+killer) is reported as ``killed or crashed`` with what was recorded until then.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from torchmem.cli.run import step_time
+from torchmem.cli.summary import build_summary, write_summary
+from torchmem.events import EXIT_UNKNOWN, RunStatus
+from torchmem.record.library import list_sessions, sessions_dir
+from torchmem.record.replay import Recording, load
+from torchmem.record.store import RecordError, SessionFile
+from torchmem.units import format_bytes, format_duration
+
+#: Keys only the end of a run knows; a report takes them from the stored summary.
+END_ONLY = (
+    "steps", "capacity_bytes", "peak_rss_bytes", "max_steps", "pid", "ranks", "command",
+    "injected", "attached", "snapshots",
+)  # fmt: skip
+
+
+def recorded_summary(recording: Recording) -> dict[str, Any]:
+    """The run summary of a recorded session."""
+    session = recording.session
+    meta = recording.meta
+    started, finished = session.run_started, session.run_finished
+    stored = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
+    if finished is not None:
+        status, code, message = finished.status.value, finished.exit_code, finished.message
+        duration, traceback = finished.duration_s, finished.traceback
+    else:
+        start_t = started.t if started else 0.0
+        duration = max(0.0, recording.last_t - start_t)
+        status, code, traceback = RunStatus.KILLED.value, EXIT_UNKNOWN, ""
+        message = (
+            f"the recording ends {format_duration(duration)} into the run without its end: "
+            "torchmem or the script was stopped from outside (kill -9, a crash, the OOM "
+            "killer, a power cut)"
+        )
+    kind = meta.get("kind") if meta.get("kind") in ("run", "job", "attach") else "run"
+    data = build_summary(
+        kind,
+        session,
+        script=started.script if started else meta.get("script"),
+        argv=list(started.argv) if started else list(meta.get("argv") or []),
+        status=status,
+        message=message,
+        exit_code=code,
+        duration_s=round(duration, 3),
+        traceback=traceback,
+        step_time_s=step_time(session),
+        peak_reserved_bytes=session.peaks_of("reserved"),
+    )
+    for key in END_ONLY:
+        if key in stored:
+            data[key] = stored[key]
+    capacity = meta.get("capacity_bytes")
+    data.setdefault("capacity_bytes", capacity if isinstance(capacity, dict) else {})
+    data["recording"] = {
+        "path": str(recording.path),
+        "complete": recording.complete,
+        "created": str(meta.get("created", "")),
+        "problems": list(recording.problems),
+    }
+    return data
+
+
+def export_csv(path: Path, out: Path) -> int:
+    """Write every sample of a session as CSV: time, wall-clock time, step, then one
+    column per trace (bytes). Returns the number of rows."""
+    with SessionFile(path) as file:
+        keys = file.series_keys()
+        t0 = file.meta().get("wall_t0")
+        rows = 0
+        tmp = out.with_name(out.name + ".tmp")
+        with tmp.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["t_s", "unix_time", "step", *keys])
+            for sample in file.samples():
+                wall = round(t0 + sample.t, 3) if isinstance(t0, (int, float)) else ""
+                values = [
+                    "" if (v := sample.values.get(k)) is None else int(v) if v.is_integer() else v
+                    for k in keys
+                ]
+                step = "" if sample.step is None else sample.step
+                writer.writerow([round(sample.t, 4), wall, step, *values])
+                rows += 1
+        tmp.replace(out)
+    return rows
+
+
+def report(path: str, as_json: bool, summary_path: str | None, csv_path: str | None) -> int:
+    """``torchmem report``: 0, or 2 when the file cannot be read."""
+    try:
+        recording = load(path)
+    except RecordError as exc:
+        print(f"torchmem: {exc}", file=sys.stderr)
+        return 2
+    data = recorded_summary(recording)
+    if as_json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(_text(recording, data))
+    for problem in recording.problems:
+        print(f"torchmem: {path}: {problem}", file=sys.stderr)
+    if summary_path and not write_summary(summary_path, data):
+        return 1
+    if csv_path:
+        try:
+            rows = export_csv(Path(path), Path(csv_path))
+        except (OSError, RecordError) as exc:
+            print(f"torchmem: cannot export the samples: {exc}", file=sys.stderr)
+            return 1
+        print(f"torchmem: wrote {rows:,} samples to {csv_path}", file=sys.stderr)
+    return 0
+
+
+def _text(recording: Recording, data: dict[str, Any]) -> str:
+    meta = recording.meta
+    argv = " ".join(data.get("argv") or [])
+    lines = [
+        f"Session   {recording.path}",
+        f"Script    {data.get('script') or '-'} {argv}".rstrip(),
+        f"Recorded  {meta.get('created', '?')} on {meta.get('host', '?')}, "
+        f"torch {meta.get('torch_version') or '?'}, torchmem {meta.get('torchmem_version', '?')}",
+        f"Ended     {data['status']} (exit code {data['exit_code']}) after "
+        f"{format_duration(data['duration_s'])}: {data['message']}",
+        f"Steps     {data['steps']:,}"
+        + (f", {data['step_time_s'] * 1000:.1f} ms per step" if data.get("step_time_s") else ""),
+        f"Samples   {data['samples']:,}",
+    ]
+    allocator = meta.get("allocator") or {}
+    if allocator:
+        lines.append("Allocator " + ", ".join(f"{k}={v}" for k, v in allocator.items()))
+    for key, value in data["peak_bytes"].items():
+        label = "RSS" if key == "cpu_rss" else key
+        lines.append(f"Peak      {label}: {format_bytes(value)}")
+    if data.get("peak_rss_bytes"):
+        kernel = format_bytes(data["peak_rss_bytes"])
+        lines.append(f"Peak      RSS as the kernel counts it: {kernel}")
+    for alert in data["alerts"]:
+        lines.append(f"Alert     {alert['severity'].upper()} {alert['kind']}: {alert['message']}")
+        if alert["suggestion"]:
+            lines.append(f"          fix: {alert['suggestion']}")
+    if not data["alerts"]:
+        lines.append("Alerts    none")
+    return "\n".join(lines)
+
+
+def sessions(folder: str | None, as_json: bool) -> int:
+    """``torchmem sessions``: the recorded sessions, newest first."""
+    where = Path(folder) if folder else sessions_dir()
+    entries = list_sessions(where)
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "path": str(e.path),
+                        "title": e.title,
+                        "created": e.meta.get("created"),
+                        "status": e.status,
+                        "duration_s": round(e.last_t, 3),
+                        "samples": e.samples,
+                        "peak_bytes": e.peak_bytes,
+                        "alerts": e.alerts,
+                        "size_bytes": e.size,
+                        "error": e.error or None,
+                    }
+                    for e in entries
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    if not entries:
+        print(f"No recorded sessions in {where}. Record one: torchmem run --record FILE SCRIPT")
+        return 0
+    print(
+        f"{'CREATED':<20} {'SCRIPT':<24} {'STATUS':<18} {'DURATION':>9} {'PEAK':>10} "
+        f"{'ALERTS':>6} {'SIZE':>9}  FILE"
+    )
+    for e in entries:
+        created = str(e.meta.get("created", ""))[:19].replace("T", " ")
+        peak = format_bytes(e.peak_bytes) if e.peak_bytes is not None else "-"
+        print(
+            f"{created:<20} {e.title[:24]:<24} {e.status:<18} "
+            f"{format_duration(e.last_t):>9} {peak:>10} {e.alerts:>6} "
+            f"{format_bytes(e.size):>9}  {e.path}"
+        )
+        if e.error:
+            print(f"{'':<20} {e.error}")
+    return 0

@@ -1,0 +1,64 @@
+"""Reading a session file back into a Session, the one model every view reads.
+
+Reopening a run is replaying its events, in their order, into a fresh Session: traces,
+markers, alerts and censuses then come out of the same code that showed them live, so a
+reopened run shows the figures it showed then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from torchmem.events import RunFinished, Sample
+from torchmem.record.store import RecordError, SessionFile
+from torchmem.session import Session
+
+__all__ = ["RecordError", "Recording", "load"]
+
+
+@dataclass
+class Recording:
+    """A session file read back: its Session, its facts, and what could not be read."""
+
+    path: Path
+    session: Session
+    meta: dict[str, Any]
+    problems: list[str] = field(default_factory=list)
+    last_t: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        """True when the recorder closed the file at the run's end (not killed)."""
+        return bool(self.meta.get("complete"))
+
+    @property
+    def ended(self) -> RunFinished | None:
+        """How the run ended, if the recording saw it."""
+        return self.session.run_finished
+
+    def wall_time(self, t: float) -> datetime | None:
+        """The local date and time of session time ``t`` (None for an old file)."""
+        t0 = self.meta.get("wall_t0")
+        if not isinstance(t0, (int, float)):
+            return None
+        return datetime.fromtimestamp(t0 + t).astimezone()
+
+
+def load(path: str | Path) -> Recording:
+    """Read a whole session file into a new Session (RecordError if it cannot be read)."""
+    with SessionFile(path) as file:
+        meta = file.meta()
+        session = Session()
+        problems: list[str] = []
+        last_t = 0.0
+        for event in file.events(problems):
+            session.submit(event)
+            if isinstance(event, Sample):
+                last_t = max(last_t, event.t)
+    recording = Recording(Path(path), session, meta, problems, last_t)
+    if not meta.get("complete") and session.samples == 0 and not problems:
+        problems.append("it holds no sample: the run was stopped before its first reading")
+    return recording

@@ -1,0 +1,252 @@
+"""The session file: SQLite in WAL mode, readable while it is written, and after a crash.
+
+One file per session. Samples, the bulk of a long run, get a table of their own with the
+series keys replaced by small integers; every other event (markers, log lines, alerts,
+commands, censuses folded to their largest storages, run start and end) is a row of the
+events table holding its wire encoding (:mod:`torchmem.transport.wire`), so a field added
+to an event is recorded without a line here. Both tables share one sequence, which is the
+order the Session received them in. ``meta`` holds JSON facts about the run (script,
+environment, allocator settings) and, once the run ended cleanly, its summary.
+
+SQLite's ``application_id`` marks the file as ours, ``user_version`` is the schema. A
+file that is not SQLite, another program's database, a newer schema, an empty or a
+damaged file each give a :class:`RecordError` naming the file and what could be read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from torchmem.events import Event, Sample
+from torchmem.transport.protocol import ProtocolError
+from torchmem.transport.wire import event_from_wire, event_to_wire
+
+#: ``PRAGMA application_id``: "tmem".
+APPLICATION_ID = 0x746D656D
+#: ``PRAGMA user_version``: bumped when a table changes shape.
+SCHEMA_VERSION = 1
+SUFFIX = ".tmsession"
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE series (id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL);
+CREATE TABLE samples (seq INTEGER PRIMARY KEY, t REAL NOT NULL, step INTEGER,
+                      vals BLOB NOT NULL);
+CREATE TABLE events (seq INTEGER PRIMARY KEY, t REAL NOT NULL, kind TEXT NOT NULL,
+                     data BLOB NOT NULL);
+"""
+
+
+class RecordError(Exception):
+    """A session file that cannot be written or read, with a message for the user."""
+
+
+def create(path: Path, meta: dict[str, Any]) -> sqlite3.Connection:
+    """Create a new session file at ``path`` (it must not exist) and return a connection
+    for writing it (usable from one other thread, the recorder's)."""
+    if path.exists():
+        raise RecordError(f"{path} already exists; choose another file for the recording")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        # WAL: readers (the session browser, `torchmem report`) never block the writer,
+        # and a commit survives a kill -9 of this process. NORMAL syncs at checkpoints
+        # only: a power cut may lose the last commits, a crash loses nothing committed.
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        conn.executescript(_SCHEMA)
+        write_meta(conn, meta)
+    except (OSError, sqlite3.Error) as exc:
+        raise RecordError(f"cannot create the recording {path}: {exc}") from None
+    return conn
+
+
+def write_meta(conn: sqlite3.Connection, meta: dict[str, Any]) -> None:
+    """Set (or replace) facts about the session, each stored as JSON."""
+    conn.execute("BEGIN")
+    conn.executemany(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+        [(k, json.dumps(v)) for k, v in meta.items()],
+    )
+    conn.execute("COMMIT")
+
+
+def pack_sample(sample: Sample, series_ids: dict[str, int]) -> bytes:
+    """A sample's values keyed by series id; whole numbers (bytes) packed as integers."""
+    return msgpack.packb(
+        {
+            series_ids[k]: (int(v) if float(v).is_integer() else float(v))
+            for k, v in sample.values.items()
+        }
+    )
+
+
+def pack_event(event: Event) -> bytes:
+    """Any other event, as its wire map."""
+    return msgpack.packb(event_to_wire(event))
+
+
+class SessionFile:
+    """A recorded session opened for reading (also while it is still being written)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._copy: Path | None = None
+        if not self.path.is_file():
+            raise RecordError(f"{self.path}: no such session file")
+        if self.path.stat().st_size == 0:
+            raise RecordError(f"{self.path} is empty: the recording never started")
+        self.conn = self._connect()
+        try:
+            self._check()
+        except RecordError:
+            self.close()
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        try:
+            conn = sqlite3.connect(uri, uri=True)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError:
+            # A read-only folder or file with a WAL beside it: SQLite cannot open the
+            # WAL's index there. A private copy (file and WAL) reads the same data.
+            self._copy = Path(tempfile.mkdtemp(prefix="torchmem-session-"))
+            for suffix in ("", "-wal"):
+                source = self.path.with_name(self.path.name + suffix)
+                if source.exists():
+                    shutil.copyfile(source, self._copy / ("s.db" + suffix))
+            try:
+                return sqlite3.connect(self._copy / "s.db")
+            except sqlite3.Error as exc:
+                raise RecordError(f"cannot open {self.path}: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise RecordError(f"{self.path} is not a torchmem session ({exc})") from None
+
+    def _check(self) -> None:
+        try:
+            app = self.conn.execute("PRAGMA application_id").fetchone()[0]
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise RecordError(f"{self.path} is not a torchmem session ({exc})") from None
+        if app != APPLICATION_ID:
+            raise RecordError(
+                f"{self.path} is an SQLite database of another program, not a torchmem session"
+            )
+        if version > SCHEMA_VERSION:
+            raise RecordError(
+                f"{self.path} was written by a newer torchmem (session schema {version}; "
+                f"this one reads up to {SCHEMA_VERSION}): upgrade torchmem to open it"
+            )
+
+    def close(self) -> None:
+        """Close the file (and drop the private copy of a read-only one)."""
+        self.conn.close()
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
+
+    def __enter__(self) -> SessionFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading ---------------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        """Facts about the session (values decoded from JSON; unreadable ones left out)."""
+        out: dict[str, Any] = {}
+        try:
+            rows = self.conn.execute("SELECT key, value FROM meta").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise RecordError(f"{self.path}: its facts cannot be read ({exc})") from None
+        for key, value in rows:
+            try:
+                out[key] = json.loads(value)
+            except (TypeError, ValueError):
+                continue
+        return out
+
+    def span(self) -> tuple[int, float]:
+        """How many samples it holds, and the time of the last one (s)."""
+        try:
+            n, last = self.conn.execute("SELECT count(*), max(t) FROM samples").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise RecordError(f"{self.path}: its samples cannot be read ({exc})") from None
+        return int(n), float(last or 0.0)
+
+    def series_keys(self) -> list[str]:
+        """The series keys in the order they first appeared."""
+        try:
+            return [k for (k,) in self.conn.execute("SELECT key FROM series ORDER BY id")]
+        except sqlite3.DatabaseError as exc:
+            raise RecordError(f"{self.path}: its series cannot be read ({exc})") from None
+
+    def samples(self, problems: list[str] | None = None) -> Iterator[Sample]:
+        """Only the samples, oldest first (for exports)."""
+        for event in self.events(problems, samples_only=True):
+            assert isinstance(event, Sample)
+            yield event
+
+    def events(
+        self, problems: list[str] | None = None, samples_only: bool = False
+    ) -> Iterator[Event]:
+        """Every recorded event in the order the Session received it.
+
+        Damage is not fatal: an undecodable row is skipped, and a file whose pages are
+        damaged yields what comes before the damage; each is described in ``problems``.
+        """
+        problems = problems if problems is not None else []
+        try:
+            ids = {i: k for i, k in self.conn.execute("SELECT id, key FROM series")}
+            samples = self.conn.execute("SELECT seq, t, step, vals FROM samples ORDER BY seq")
+            others = self.conn.execute(
+                "SELECT seq, kind, data FROM events WHERE ? = 0 ORDER BY seq", (samples_only,)
+            )
+            yield from _merged(samples, others, ids, problems)
+        except sqlite3.DatabaseError as exc:
+            problems.append(f"the file is damaged; read up to the damage ({exc})")
+
+
+def _merged(
+    samples: sqlite3.Cursor,
+    others: sqlite3.Cursor,
+    ids: dict[int, str],
+    problems: list[str],
+) -> Iterator[Event]:
+    """Samples and other events interleaved by their shared sequence number."""
+    bad = 0
+    sample_row = next(samples, None)
+    other_row = next(others, None)
+    while sample_row is not None or other_row is not None:
+        if other_row is None or (sample_row is not None and sample_row[0] < other_row[0]):
+            _, t, step, vals = sample_row
+            sample_row = next(samples, None)
+            try:
+                values = {
+                    ids[int(i)]: float(v)
+                    for i, v in msgpack.unpackb(vals, strict_map_key=False).items()
+                }
+            except (ValueError, KeyError, TypeError, msgpack.UnpackException):
+                bad += 1
+                continue
+            yield Sample(float(t), values, step)
+        else:
+            _, _kind, data = other_row
+            other_row = next(others, None)
+            try:
+                yield event_from_wire(msgpack.unpackb(data))
+            except (ValueError, TypeError, ProtocolError, msgpack.UnpackException):
+                bad += 1
+    if bad:
+        problems.append(f"{bad} damaged record(s) skipped")

@@ -1,0 +1,262 @@
+"""Recorded sessions: what is recorded reads back the same, survives kill -9, and every bad
+file gives a clear message instead of a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import check_summary
+
+from torchmem.cli.report import recorded_summary
+from torchmem.events import (
+    Alert,
+    AlertKind,
+    AlertState,
+    CensusTaken,
+    LogRecord,
+    Marker,
+    MarkerKind,
+    RunFinished,
+    RunStarted,
+    RunStatus,
+    Sample,
+    Severity,
+    Stream,
+)
+from torchmem.record import library
+from torchmem.record.recorder import start_recording
+from torchmem.record.replay import load
+from torchmem.record.store import RecordError, SessionFile
+from torchmem.session import Session
+from torchmem.tensors.model import Census, StorageInfo, TensorInfo
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _tensor(name: str, kind: str, nbytes: int, key: tuple[str, int]) -> TensorInfo:
+    return TensorInfo(
+        name=name, kind=kind, shape=(nbytes // 4,), stride=(1,), storage_offset=0,
+        dtype="float32", device=key[0], numel=nbytes // 4, element_size=4,
+        span_bytes=nbytes, is_view=False, is_contiguous=True, requires_grad=False,
+        is_leaf=True, grad_fn="", pinned=False, storage_key=key,
+    )  # fmt: skip
+
+
+def _census(n: int, step: int) -> Census:
+    storages = {}
+    for i in range(n):
+        key = ("cpu", 4096 * (i + 1))
+        kind = ("parameter", "gradient", "activation")[i % 3]
+        nbytes = 1024 * (i + 1)
+        storages[key] = StorageInfo(key, nbytes, [_tensor(f"t{i}", kind, nbytes, key)])
+    return Census(storages, [], 0.01, step)
+
+
+def _play_run(session: Session) -> None:
+    """A small run, event by event, as a source would submit it."""
+    session.submit(RunStarted(0.0, "/x/train.py", ("--lr", "0.1")))
+    for step in range(1, 21):
+        t = step * 0.1
+        session.submit(Sample(t, {"cpu/rss": 1e8 + step * 1e6, "cuda:0/allocated": 5e8 + step}))
+        session.submit(Marker(t, MarkerKind.STEP, step=step))
+        if step == 10:
+            session.submit(CensusTaken(t, step, _census(700, step), trigger="step"))
+            session.submit(Marker(t, MarkerKind.EPOCH, "epoch 2", step))
+            session.submit(LogRecord(t, Stream.STDOUT, "half way"))
+    session.submit(
+        Alert(1.5, "leak:cpu/rss", AlertKind.LEAK, Severity.WARNING, AlertState.ACTIVE,
+              "cpu/rss", 5, 15, "cpu/rss grows 1 MiB per step", "del the list", 1e6, 6e8,
+              ({"name": "history[*]", "bytes_per_step": 1000},), 15)
+    )  # fmt: skip
+    session.submit(RunFinished(2.1, RunStatus.FINISHED, 0, "finished", duration_s=2.1))
+
+
+def test_a_recorded_run_reads_back_with_the_figures_it_had_live(tmp_path):
+    live = Session()
+    recorder = start_recording(tmp_path / "r.tmsession", live, "run", "/x/train.py", ["--lr"])
+    _play_run(live)
+    recorder.close({"summary": {"steps": 20}})
+    assert recorder.error is None
+
+    reopened = load(tmp_path / "r.tmsession")
+    again = reopened.session
+    assert reopened.complete and not reopened.problems
+    assert again.samples == live.samples == 20
+    assert again.peak_bytes() == live.peak_bytes()
+    assert again.steps.steps == live.steps.steps == 20
+    assert [m.label for m in again.user_markers()] == ["epoch 2"]
+    assert [a.culprits for a in again.alert_list()] == [a.culprits for a in live.alert_list()]
+    assert [r.text for r in again.logs] == ["half way"]
+    # A census is recorded folded to its largest storages, with totals and kinds intact.
+    census, _ = again.censuses()
+    original = live.censuses()[0].census
+    assert len(census.census.storages) < len(original.storages)
+    assert census.census.total_bytes() == original.total_bytes()
+    assert census.census.bytes_by_kind() == original.bytes_by_kind()
+    largest = max(original.storages.values(), key=lambda s: s.nbytes)
+    assert largest.key in census.census.storages
+    data = check_summary(recorded_summary(reopened))
+    assert data["status"] == "finished" and data["steps"] == 20
+    assert data["script"] == "/x/train.py" and data["recording"]["complete"] is True
+
+
+def test_a_full_disk_ends_the_recording_with_a_message_and_keeps_what_it_had(tmp_path):
+    live = Session()
+    problems: list[str] = []
+    path = tmp_path / "full.tmsession"
+    recorder = start_recording(path, live, "run", None, on_problem=problems.append)
+    live.submit(Sample(0.1, {"cpu/rss": 1.0}))
+    # SQLite says "database or disk is full" once a file reaches max_page_count pages.
+    conn = recorder._conn
+    conn.execute(f"PRAGMA max_page_count={conn.execute('PRAGMA page_count').fetchone()[0]}")
+    for i in range(5000):  # the run goes on: submitting never raises
+        live.submit(LogRecord(0.2, Stream.STDOUT, f"line {i} " + "x" * 200))
+    recorder.close()
+    assert problems and "disk is full" in problems[0]
+    assert "the run goes on" in problems[0]
+    assert load(path).session.samples <= 1
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"", "is empty"),
+        (b"this is not a database at all" * 100, "not a torchmem session"),
+    ],
+)
+def test_files_that_are_not_sessions_give_one_clear_line(tmp_path, content, expected):
+    path = tmp_path / "bad.tmsession"
+    path.write_bytes(content)
+    with pytest.raises(RecordError, match=expected):
+        load(path)
+    proc = _torchmem("report", str(path))
+    assert proc.returncode == 2
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_another_programs_database_and_a_newer_schema_are_named_as_such(tmp_path):
+    foreign = tmp_path / "other.db"
+    sqlite3.connect(foreign).execute("CREATE TABLE x (y)").connection.close()
+    with pytest.raises(RecordError, match="another program"):
+        load(foreign)
+    newer = tmp_path / "newer.tmsession"
+    start_recording(newer, Session(), "run", None).close()
+    conn = sqlite3.connect(newer)
+    conn.execute("PRAGMA user_version=99")
+    conn.close()
+    with pytest.raises(RecordError, match="newer torchmem"):
+        load(newer)
+    with pytest.raises(RecordError, match="no such session"):
+        load(tmp_path / "missing.tmsession")
+
+
+def test_a_truncated_file_reports_what_it_could_read(tmp_path):
+    path = tmp_path / "cut.tmsession"
+    live = Session()
+    recorder = start_recording(path, live, "run", "/x/train.py")
+    for i in range(3000):
+        live.submit(Sample(i * 0.1, {"cpu/rss": float(i), "cpu/uss": float(i)}))
+    recorder.close()
+    size = path.stat().st_size
+    with path.open("r+b") as handle:
+        handle.truncate(size // 2)
+    try:
+        recording = load(path)
+    except RecordError as exc:  # SQLite may refuse the file outright: still a clear line
+        assert "cut.tmsession" in str(exc)
+        return
+    assert recording.problems, "a damaged file never reads as a whole one"
+    assert recording.session.samples < 3000
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_recorded_run_loses_at_most_the_last_second(tmp_path):
+    path = tmp_path / "killed.tmsession"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchmem", "run", "--record", str(path),
+         str(SCRIPTS / "train_forever.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "training"
+        # Wait until the recording holds a few seconds of samples, read as any reader would.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with SessionFile(path) as file:
+                    if file.span()[1] > 3.0:
+                        break
+            except RecordError:
+                pass
+            time.sleep(0.2)
+        killed_at = time.time()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    recording = load(path)
+    assert not recording.complete
+    last_wall = recording.wall_time(recording.last_t).timestamp()
+    # 10 Hz samples, commits at least every 0.5 s: the newest kept is under a second old.
+    assert last_wall >= killed_at - 1.0, f"lost {killed_at - last_wall:.2f} s"
+    report = _torchmem("report", "--json", str(path))
+    assert report.returncode == 0, report.stderr
+    data = check_summary(json.loads(report.stdout))
+    assert data["status"] == "killed or crashed"
+    assert data["recording"]["complete"] is False
+    assert data["samples"] == recording.session.samples > 5
+
+
+@pytest.mark.slow
+def test_record_report_and_sessions_from_the_command_line(tmp_path):
+    path = tmp_path / "ok.tmsession"
+    run = _torchmem("run", "--record", str(path), str(SCRIPTS / "train_steps.py"))
+    assert run.returncode == 0, run.stderr
+    assert f"recorded in {path}" in run.stderr
+    report = _torchmem("report", str(path), "--csv", str(tmp_path / "s.csv"))
+    assert report.returncode == 0, report.stderr
+    assert "finished (exit code 0)" in report.stdout
+    rows = (tmp_path / "s.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    assert header[:3] == ["t_s", "unix_time", "step"] and "cpu/rss" in header
+    assert len(rows) - 1 == load(path).session.samples
+    listing = _torchmem("sessions", "--dir", str(tmp_path))
+    assert "train_steps.py" in listing.stdout and "finished" in listing.stdout
+    again = _torchmem("run", "--record", str(path), str(SCRIPTS / "train_steps.py"))
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_the_folder_keeps_the_newest_sessions_under_its_cap(tmp_path):
+    paths = []
+    for i in range(4):
+        live = Session()
+        path = library.new_session_path(f"run{i}.py", tmp_path)
+        recorder = start_recording(path, live, "run", f"run{i}.py")
+        for j in range(200):
+            live.submit(Sample(j * 0.1, {"cpu/rss": float(j)}))
+        recorder.close()
+        os.utime(path, (1000 + i, 1000 + i))
+        paths.append(path)
+    sizes = [library.file_bytes(p) for p in paths]
+    deleted = library.prune(tmp_path, cap_bytes=sum(sizes[2:]), keep=(paths[0],))
+    assert deleted == [paths[1]] or deleted == [paths[1], paths[2]]
+    assert paths[0].exists() and paths[3].exists()
+    listed = [e.path for e in library.list_sessions(tmp_path)]
+    assert listed[0] == paths[3]
+
+
+def _torchmem(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torchmem", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
