@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import shlex
 import sys
@@ -26,6 +27,8 @@ from PySide6.QtWidgets import (
 )
 
 from torchmem import __version__
+from torchmem.cli.report import recorded_summary
+from torchmem.cli.summary import run_summary
 from torchmem.events import (
     Alert,
     CommandResult,
@@ -36,6 +39,10 @@ from torchmem.events import (
 from torchmem.probe.commands import COMMANDS
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.probe.sampler import MAX_HZ, MIN_HZ
+from torchmem.record.library import DEFAULT_CAP_BYTES
+from torchmem.record.replay import load
+from torchmem.record.runs import RunRecorder
+from torchmem.record.store import RecordError, SessionFile
 from torchmem.resources import path as resource_path
 from torchmem.series import scope_label
 from torchmem.session import Session
@@ -53,6 +60,7 @@ from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
 from .readings import ReadingsTable
 from .run_controller import RunController
+from .sessions_dialog import SessionsDialog
 from .status_bar import ElidingStatusBar
 from .tensor_panel import TensorPanel
 from .theme import THEMES, apply_theme
@@ -86,6 +94,13 @@ ACTIONS = (
         "open_script_dialog",
         "Ctrl+O",
         "Choose a Python training script to run",
+    ),
+    ActionSpec(
+        "act_sessions",
+        "Recorded &sessions…",
+        "open_sessions",
+        "Ctrl+Shift+O",
+        "Every run of the window is recorded: open one as it was, rename or delete it",
     ),
     ActionSpec(
         "act_demo",
@@ -139,6 +154,15 @@ ACTIONS = (
         "Run scripts as `torchmem run` in a child process and attach to it: for scripts that "
         "use signals, spawn DataLoader workers or need allocator settings; a crash there "
         "never takes the window",
+        checkable=True,
+    ),
+    ActionSpec(
+        "act_record",
+        "Re&cord every run",
+        "_toggle_recording",
+        None,
+        "Write each run into the sessions folder as it happens (a crash loses at most the "
+        "last second); File > Recorded sessions opens them again",
         checkable=True,
     ),
     ActionSpec(
@@ -291,6 +315,14 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._build_status_bar()
         self._connect_runs()
+        capacity = self.source.capacity()
+        #: Each run of this window's Session, written to the sessions folder as it happens.
+        self.recorder = RunRecorder(
+            self.session,
+            summarize=lambda session: run_summary(session, capacity_bytes=capacity),
+            on_problem=self.session.note,
+            facts=lambda: {"capacity_bytes": capacity},
+        )
         # From here on every cyclic collection of this process runs in the GUI thread.
         self._collector = GuiThreadCollector.acquire()
         # Each view subscribes to the bridge itself; the window only keeps its own labels,
@@ -459,11 +491,14 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_demo)
         self.recent_menu = m.addMenu("Open &recent")
         m.addSeparator()
+        m.addAction(self.act_sessions)
+        m.addSeparator()
         m.addAction(self.act_quit)
         m = mb.addMenu("&Run")
         for act in (self.act_run, self.act_stop, self.act_rerun, self.act_abandon):
             m.addAction(act)
         m.addAction(self.act_isolated)
+        m.addAction(self.act_record)
         m.addAction(self.act_tune)
         m.addSeparator()
         m.addAction(self.act_attach)
@@ -594,6 +629,13 @@ class MainWindow(QMainWindow):
         self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
         self.source.configure_leaks(load_leak_settings(s))
         self.act_isolated.setChecked(s.value("run/isolated", False) in (True, "true"))
+        recording = s.value("record/enabled", True) not in (False, "false")
+        self.act_record.setChecked(recording)
+        self.recorder.enabled = recording
+        cap_gib = s.value("record/cap_gib", DEFAULT_CAP_BYTES / 1024**3)
+        # A hand-edited setting that is not a number keeps the default.
+        with contextlib.suppress(TypeError, ValueError):
+            self.recorder.cap_bytes = max(1, int(float(cap_gib) * 1024**3))
         auto = s.value("census/auto", True)
         self.tensors.auto_check.setChecked(auto not in (False, "false"))
         theme = s.value("view/theme", "system")
@@ -948,6 +990,7 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _on_run_ended(self, attached_label: str) -> None:
+        self.recorder.end_run()
         if attached_label and self.session.run_finished is None:
             self.run_label.setText(f"Detached from {attached_label}")
         self.bridge.flush()
@@ -999,6 +1042,68 @@ class MainWindow(QMainWindow):
                 self.statusBar().showMessage(event.headline, 30000)
             elif isinstance(event, CommandResult):
                 self._on_command_result(event)
+
+    # -- recorded sessions ------------------------------------------------------------------
+    def _toggle_recording(self, checked: bool) -> None:
+        self.recorder.enabled = checked
+        self.settings.setValue("record/enabled", checked)
+        self.statusBar().showMessage(
+            "Runs are recorded from the next one on" if checked else "Runs are not recorded",
+            5000,
+        )
+
+    @Slot()
+    def open_sessions(self) -> None:
+        """The Sessions dialog: recorded runs to open, rename or delete."""
+        dialog = SessionsDialog(self)
+        dialog.open_requested.connect(self.open_recording)
+        dialog.exec()
+        dialog.deleteLater()  # destroyed by this thread's event loop, never by a gc elsewhere
+
+    @Slot(str)
+    def open_recording(self, path: str) -> bool:
+        """Show a recorded session in the window's views, as it was when recorded."""
+        if self.running or self.attached is not None:
+            self.show_error(
+                "A run is in progress: stop it (Shift+F5) or detach before opening a recording.",
+                "info",
+            )
+            return False
+        try:
+            SessionFile(path).close()  # a file that cannot be read leaves the views as they are
+        except RecordError as exc:
+            self.show_error(f"Cannot open the recording: {exc}")
+            return False
+        self.banner.hide()
+        self._clear_views()
+        was_recording, self.recorder.enabled = self.recorder.enabled, False
+        try:
+            recording = load(path, self.session)
+        except RecordError as exc:
+            self.show_error(f"Cannot open the recording: {exc}")
+            return False
+        finally:
+            self.recorder.enabled = was_recording
+        self.bridge.flush()
+        meta = recording.meta
+        name = meta.get("title") or Path(str(meta.get("script") or path)).name
+        created = str(meta.get("created", ""))[:19].replace("T", " ")
+        self.setWindowTitle(f"{name} (recorded {created}) – torchmem")
+        if recording.ended is None:
+            self.run_label.setText("Recording interrupted")
+            self.run_label.setToolTip(recorded_summary(recording)["message"])
+        self.window_combo.setCurrentIndex(self.window_combo.findData(None))
+        self.statusBar().showMessage(
+            f"Opened the recording of {name} ({created}): {self.session.samples:,} samples, "
+            f"{self.session.steps.steps:,} steps",
+            15000,
+        )
+        if recording.problems:
+            self.show_error(f"{Path(path).name}: " + "; ".join(recording.problems), "warning")
+        elif recording.ended is None:
+            self.banner.show_message(f"{name}: {recorded_summary(recording)['message']}", "warning")
+        self._update_actions()
+        return True
 
     def _on_command_result(self, event: CommandResult) -> None:
         self.statusBar().showMessage(event.message, 15000)
@@ -1176,6 +1281,7 @@ class MainWindow(QMainWindow):
         """
         tuned = self._tune is None or self._tune.shutdown(timeout_ms)
         clean = tuned and self.runs.shutdown(timeout_ms)
+        self.recorder.close()
         self.bridge.close()
         if self._collector is not None:
             GuiThreadCollector.release()

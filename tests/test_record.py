@@ -16,6 +16,7 @@ import pytest
 from helpers import check_summary
 
 from torchmem.cli.report import recorded_summary
+from torchmem.cli.summary import step_time
 from torchmem.events import (
     Alert,
     AlertKind,
@@ -260,3 +261,18 @@ def _torchmem(*args: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "torchmem", *args],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def test_a_loop_of_tiny_steps_is_recorded_thinned_with_its_step_count_and_time_exact(tmp_path):
+    live = Session()
+    path = tmp_path / "tiny.tmsession"
+    recorder = start_recording(path, live, "run", "tiny.py")
+    for step in range(1, 10_001):  # 10,000 steps of 0.1 ms each
+        live.submit(Marker(step * 1e-4, MarkerKind.STEP, step=step))
+    recorder.close()
+    with SessionFile(path) as file:
+        markers = file.conn.execute("SELECT count(*) FROM events WHERE kind = 'Marker'")
+        assert markers.fetchone()[0] <= 1 / 0.05 + 2
+    again = load(path).session
+    assert again.steps.steps == 10_000
+    assert step_time(again) == pytest.approx(step_time(live)) == pytest.approx(1e-4)

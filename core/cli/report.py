@@ -15,9 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchmem.cli.run import step_time
-from torchmem.cli.summary import build_summary, write_summary
-from torchmem.events import EXIT_UNKNOWN, RunStatus
+from torchmem.cli.summary import run_summary, write_summary
 from torchmem.record.library import list_sessions, sessions_dir
 from torchmem.record.replay import Recording, load
 from torchmem.record.store import RecordError, SessionFile
@@ -32,36 +30,12 @@ END_ONLY = (
 
 def recorded_summary(recording: Recording) -> dict[str, Any]:
     """The run summary of a recorded session."""
-    session = recording.session
     meta = recording.meta
-    started, finished = session.run_started, session.run_finished
     stored = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
-    if finished is not None:
-        status, code, message = finished.status.value, finished.exit_code, finished.message
-        duration, traceback = finished.duration_s, finished.traceback
-    else:
-        start_t = started.t if started else 0.0
-        duration = max(0.0, recording.last_t - start_t)
-        status, code, traceback = RunStatus.KILLED.value, EXIT_UNKNOWN, ""
-        message = (
-            f"the recording ends {format_duration(duration)} into the run without its end: "
-            "torchmem or the script was stopped from outside (kill -9, a crash, the OOM "
-            "killer, a power cut)"
-        )
     kind = meta.get("kind") if meta.get("kind") in ("run", "job", "attach") else "run"
-    data = build_summary(
-        kind,
-        session,
-        script=started.script if started else meta.get("script"),
-        argv=list(started.argv) if started else list(meta.get("argv") or []),
-        status=status,
-        message=message,
-        exit_code=code,
-        duration_s=round(duration, 3),
-        traceback=traceback,
-        step_time_s=step_time(session),
-        peak_reserved_bytes=session.peaks_of("reserved"),
-    )
+    data = run_summary(recording.session, kind, last_t=recording.last_t)
+    if data["script"] is None:
+        data["script"], data["argv"] = meta.get("script"), list(meta.get("argv") or [])
     for key in END_ONLY:
         if key in stored:
             data[key] = stored[key]

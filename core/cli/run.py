@@ -8,13 +8,10 @@ its output goes straight to the terminal, and the exit code is the script's.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 from typing import Any
 
-import numpy as np
-
-from torchmem.cli.summary import build_summary, write_summary
+from torchmem.cli.summary import build_summary, step_time, write_summary
 from torchmem.events import AlertKind, Event, Marker, MarkerKind, RunFinished, RunStatus
 from torchmem.probe.backends import peak_rss
 from torchmem.probe.parent_watch import ParentWatch
@@ -29,14 +26,6 @@ from torchmem.units import format_bytes
 #: Exit code of ``torchmem run --fail-on-leak`` when a leak alert fired.
 EXIT_LEAK = 4
 LEAK_KINDS = (AlertKind.LEAK, AlertKind.EPOCH_GROWTH)
-
-
-def step_time(session: Session) -> float | None:
-    """The median time of a step after the first (which warms caches and the allocator
-    up), or None with fewer than two steps after it."""
-    times, _ = session.steps.boundaries()
-    intervals = np.diff(times[1:]) if len(times) > 2 else []
-    return round(float(statistics.median(intervals)), 6) if len(intervals) else None
 
 
 class StepLimit:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Literal
+
+import numpy as np
 
 from torchmem import __version__
 from torchmem.session import Session
@@ -84,3 +87,53 @@ def write_summary(path: str, data: dict[str, Any]) -> bool:
         sys.stderr.write(f"torchmem: cannot write the summary to {path}: {exc}\n")
         return False
     return True
+
+
+def step_time(session: Session) -> float | None:
+    """The median time of a step after the first (which warms caches and the allocator
+    up), or None with fewer than two steps after it."""
+    times, steps = session.steps.boundaries()
+    if len(times) <= 2:
+        return None
+    # Per step, not per boundary: the step clock (and a recording) may keep only some
+    # boundaries of a long run, two steps apart or more.
+    intervals = np.diff(times[1:]) / np.maximum(np.diff(steps[1:]), 1)
+    return round(float(statistics.median(intervals)), 6)
+
+
+def run_summary(
+    session: Session, kind: Kind = "run", last_t: float | None = None, **fields: Any
+) -> dict[str, Any]:
+    """The summary of the run ``session`` holds, from its events alone (the window's runs
+    and recorded sessions): how it started and ended, steps, step time, peaks.
+
+    A run whose end the session never saw is ``killed or crashed``, lasting until
+    ``last_t`` (its last reading)."""
+    from torchmem.events import EXIT_UNKNOWN, RunStatus
+    from torchmem.units import format_duration
+
+    started, finished = session.run_started, session.run_finished
+    if finished is not None:
+        status, code, message = finished.status.value, finished.exit_code, finished.message
+        duration, traceback = finished.duration_s, finished.traceback
+    else:
+        start_t = started.t if started else 0.0
+        duration = max(0.0, (last_t if last_t is not None else session.now()) - start_t)
+        status, code, traceback = RunStatus.KILLED.value, EXIT_UNKNOWN, ""
+        message = (
+            f"the recording ends {format_duration(duration)} into the run without its end: "
+            "torchmem or the script was stopped from outside (kill -9, a crash, the OOM "
+            "killer, a power cut)"
+        )
+    base = {
+        "script": started.script if started else None,
+        "argv": list(started.argv) if started else [],
+        "status": status,
+        "message": message,
+        "exit_code": code,
+        "duration_s": round(duration, 3),
+        "traceback": traceback,
+        "step_time_s": step_time(session),
+        "peak_reserved_bytes": session.peaks_of("reserved"),
+    }
+    return build_summary(kind, session, **{**base, **fields})

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from torchmem import __version__
-from torchmem.events import CensusTaken, Event, Sample
+from torchmem.events import CensusTaken, Event, Marker, MarkerKind, Sample
 from torchmem.record import store
 from torchmem.session import Session
 
@@ -40,6 +40,10 @@ CENSUS_TOP = 500
 #: Events waiting for the writer before new ones are dropped (and counted): about an hour
 #: of 10 Hz samples, should the disk stall that long.
 MAX_PENDING = 50_000
+#: Least time between two recorded step boundaries (s). A loop of tiny steps makes
+#: thousands a second; the traces' step axis interpolates between boundaries anyway, and the
+#: newest boundary is always written at the next commit, so the step count stays exact.
+STEP_SPACING_S = 0.05
 #: Environment variables of the allocators whose settings a session records.
 ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
@@ -90,6 +94,8 @@ class Recorder:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=MAX_PENDING)
         self._series: dict[str, int] = {}
         self._seq = 0
+        self._last_step_t = -1.0
+        self._held_step: Marker | None = None  # the newest boundary not yet written
         self._unsubscribe: Callable[[], None] | None = None
         self._closed = False
         #: Why the recording stopped early, or None while it is healthy.
@@ -102,11 +108,13 @@ class Recorder:
         self._thread.start()
 
     # -- feeding ---------------------------------------------------------------------------
-    def attach(self, session: Session) -> None:
-        """Record every event ``session`` receives from now on; its clock's zero is noted
-        as a wall-clock time, so that event times read as dates."""
+    def attach(self, session: Session, subscribe: bool = True) -> None:
+        """Record every event ``session`` receives from now on (or, without ``subscribe``,
+        those the caller hands to :meth:`on_event`); its clock's zero is noted as a
+        wall-clock time, so that event times read as dates."""
         self._queue.put(("meta", {"wall_t0": time.time() - session.now()}))
-        self._unsubscribe = session.subscribe(self.on_event)
+        if subscribe:
+            self._unsubscribe = session.subscribe(self.on_event)
 
     def on_event(self, event: Event) -> None:
         """Queue one event (a Session listener: any thread, never blocks, never raises)."""
@@ -155,17 +163,19 @@ class Recorder:
                 deadline = time.monotonic() + FLUSH_S
 
     def _flush(self, batch: list[Any]) -> None:
-        if not batch or self.error is not None:
+        if (not batch and self._held_step is None) or self.error is not None:
             return
         try:
             self._conn.execute("BEGIN")
             for item in batch:
                 self._write(item)
+            if self._held_step is not None:
+                self._write(self._held_step, thin=False)
             self._conn.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:
             self._fail(exc)
 
-    def _write(self, item: Any) -> None:
+    def _write(self, item: Any, thin: bool = True) -> None:
         conn = self._conn
         if isinstance(item, tuple) and item[0] == "meta":
             conn.executemany(
@@ -173,6 +183,11 @@ class Recorder:
                 [(k, json.dumps(v)) for k, v in item[1].items()],
             )
             return
+        if isinstance(item, Marker) and item.kind is MarkerKind.STEP:
+            if thin and item.t - self._last_step_t < STEP_SPACING_S:
+                self._held_step = item
+                return
+            self._last_step_t, self._held_step = item.t, None
         self._seq += 1
         if isinstance(item, Sample):
             for key in item.values:
@@ -223,6 +238,7 @@ def start_recording(
     argv: list[str] | tuple[str, ...] = (),
     cwd: str | None = None,
     on_problem: Callable[[str], None] | None = None,
+    subscribe: bool = True,
     **meta: Any,
 ) -> Recorder:
     """Create ``path`` and record ``session`` into it (RecordError if it cannot be made):
@@ -236,5 +252,5 @@ def start_recording(
         **meta,
     }
     recorder = Recorder(path, facts, on_problem)
-    recorder.attach(session)
+    recorder.attach(session, subscribe)
     return recorder

@@ -47,11 +47,12 @@ class Recording:
         return datetime.fromtimestamp(t0 + t).astimezone()
 
 
-def load(path: str | Path) -> Recording:
-    """Read a whole session file into a new Session (RecordError if it cannot be read)."""
+def load(path: str | Path, session: Session | None = None) -> Recording:
+    """Read a whole session file into ``session`` (a new one by default), event by event
+    as its sources submitted them; RecordError if it cannot be read."""
     with SessionFile(path) as file:
         meta = file.meta()
-        session = Session()
+        session = session if session is not None else Session()
         problems: list[str] = []
         last_t = 0.0
         for event in file.events(problems):

@@ -19,6 +19,7 @@ import json
 import shutil
 import sqlite3
 import tempfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,9 +92,26 @@ def pack_sample(sample: Sample, series_ids: dict[str, int]) -> bytes:
     )
 
 
+#: Event blobs above this size are zlib-compressed (censuses and alerts with culprits:
+#: their names and field lists repeat, and shrink about sixfold).
+COMPRESS_ABOVE = 512
+# A compressed blob starts with zlib's header byte 0x78; a packed event (a msgpack map)
+# starts with 0x80-0x8f, 0xde or 0xdf, so the first byte tells them apart.
+_ZLIB = 0x78
+
+
 def pack_event(event: Event) -> bytes:
-    """Any other event, as its wire map."""
-    return msgpack.packb(event_to_wire(event))
+    """Any other event, as its wire map (compressed when large)."""
+    data = msgpack.packb(event_to_wire(event))
+    return zlib.compress(data, 6) if len(data) > COMPRESS_ABOVE else data
+
+
+def unpack_event(data: bytes) -> Event:
+    """The inverse of :func:`pack_event` (ProtocolError, ValueError or zlib.error if
+    damaged)."""
+    if data[:1] == bytes([_ZLIB]):
+        data = zlib.decompress(data)
+    return event_from_wire(msgpack.unpackb(data))
 
 
 class SessionFile:
@@ -245,8 +263,21 @@ def _merged(
             _, _kind, data = other_row
             other_row = next(others, None)
             try:
-                yield event_from_wire(msgpack.unpackb(data))
-            except (ValueError, TypeError, ProtocolError, msgpack.UnpackException):
+                yield unpack_event(data)
+            except (ValueError, TypeError, ProtocolError, msgpack.UnpackException, zlib.error):
                 bad += 1
     if bad:
         problems.append(f"{bad} damaged record(s) skipped")
+
+
+def rename_session(path: Path, title: str) -> None:
+    """Give a recorded run a title of its own (the file keeps its name)."""
+    SessionFile(path).close()  # the same checks and messages as for reading it
+    try:
+        conn = sqlite3.connect(path, timeout=5, isolation_level=None)
+        try:
+            write_meta(conn, {"title": title})
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise RecordError(f"cannot rename {path}: {exc}") from None

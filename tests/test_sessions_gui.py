@@ -1,0 +1,89 @@
+"""Recorded sessions in the window: every run recorded, listed, reopened as it was."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchmem.cli.report import recorded_summary
+from torchmem.gui.sessions_dialog import SessionModel, SessionsDialog
+from torchmem.record.library import list_sessions, sessions_dir
+from torchmem.record.replay import load
+
+RUN_TIMEOUT_MS = 120_000
+
+
+def run_to_the_end(qtbot, window, script):
+    window.load_script(script, ["20"], run=True)
+    qtbot.waitUntil(
+        lambda: window.last_result is not None and not window.running, timeout=RUN_TIMEOUT_MS
+    )
+    window.recorder.wait_closed()
+
+
+@pytest.fixture
+def recorded(qtbot, make_window, script_path):
+    """A window that ran train_steps.py once, and what its views showed live."""
+    window = make_window()
+    run_to_the_end(qtbot, window, script_path("train_steps.py"))
+    keys = window.session.keys()
+    live = {
+        "traces": {k: window.session.arrays(k) for k in keys},
+        "samples": window.session.samples,
+        "steps": window.session.steps.steps,
+        "peaks": window.session.peak_bytes(),
+        "markers": [m.label for m in window.session.user_markers()],
+    }
+    return window, live
+
+
+def test_a_run_in_the_window_is_recorded_and_reopens_with_the_same_figures(qtbot, recorded):
+    window, live = recorded
+    (entry,) = list_sessions(sessions_dir())
+    assert entry.status == "finished" and entry.title == "train_steps.py"
+    data = recorded_summary(load(entry.path))
+    assert data["steps"] == live["steps"] == 20
+    assert data["recording"]["complete"] is True
+
+    dialog = SessionsDialog(window)
+    qtbot.addWidget(dialog)
+    assert dialog.model.rowCount() == 1
+    with qtbot.waitSignal(dialog.open_requested) as opened:
+        dialog.open_selected()
+    window.session.reset()  # what was live is gone; only the file can bring it back
+    assert window.open_recording(opened.args[0])
+    # Every trace point as it was drawn live: same times, same values.
+    assert window.session.keys() == list(live["traces"])
+    for key, (t, v) in live["traces"].items():
+        t_again, v_again = window.session.arrays(key)
+        assert t_again.tolist() == t.tolist() and v_again.tolist() == v.tolist(), key
+    assert window.session.steps.steps == live["steps"]
+    assert window.session.peak_bytes() == live["peaks"]
+    assert [m.label for m in window.session.user_markers()] == live["markers"]
+    assert "recorded" in window.windowTitle()
+    assert window.run_label.text().startswith("Finished (exit code 0)")
+    assert len(list_sessions(sessions_dir())) == 1, "showing a recording records nothing"
+
+
+def test_the_sessions_model_is_a_well_behaved_qt_model(qtmodeltester, recorded):
+    model = SessionModel()
+    model.set_rows(list_sessions(sessions_dir()))
+    qtmodeltester.check(model)
+
+
+def test_a_damaged_file_leaves_the_views_as_they_were(recorded, tmp_path):
+    window, live = recorded
+    bad = tmp_path / "bad.tmsession"
+    bad.write_bytes(b"not a session" * 50)
+    assert not window.open_recording(str(bad))
+    assert "Cannot open the recording" in window.banner.text()
+    assert "not a torchmem session" in window.banner.text()
+    assert window.session.samples == live["samples"]
+
+
+def test_runs_are_not_recorded_when_recording_is_off(qtbot, make_window, script_path):
+    window = make_window()
+    window.act_record.trigger()  # on by default: this turns it off
+    assert not window.recorder.enabled
+    run_to_the_end(qtbot, window, script_path("train_steps.py"))
+    assert list_sessions(sessions_dir()) == []
+    assert window.settings.value("record/enabled") in (False, "false")
