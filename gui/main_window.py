@@ -55,6 +55,7 @@ from .alert_panel import AlertPanel
 from .banner import Banner
 from .breakdown_plot import BreakdownPlot
 from .bridge import SessionBridge
+from .compare_window import CompareWindow
 from .gui_gc import GuiThreadCollector
 from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
@@ -1057,6 +1058,7 @@ class MainWindow(QMainWindow):
         """The Sessions dialog: recorded runs to open, rename or delete."""
         dialog = SessionsDialog(self)
         dialog.open_requested.connect(self.open_recording)
+        dialog.compare_requested.connect(self.compare_recordings)
         dialog.exec()
         dialog.deleteLater()  # destroyed by this thread's event loop, never by a gc elsewhere
 
@@ -1104,6 +1106,24 @@ class MainWindow(QMainWindow):
             self.banner.show_message(f"{name}: {recorded_summary(recording)['message']}", "warning")
         self._update_actions()
         return True
+
+    @Slot(list)
+    def compare_recordings(self, paths: list[str]) -> CompareWindow | None:
+        """Open a Compare window on two or more recorded sessions."""
+        recordings = []
+        QApplication.setOverrideCursor(Qt.WaitCursor)
+        try:
+            for path in paths:
+                recordings.append(load(path))
+        except RecordError as exc:
+            self.show_error(f"Cannot compare: {exc}")
+            return None
+        finally:
+            QApplication.restoreOverrideCursor()
+        window = CompareWindow(recordings, self)
+        window.setAttribute(Qt.WA_DeleteOnClose)
+        window.show()
+        return window
 
     def _on_command_result(self, event: CommandResult) -> None:
         self.statusBar().showMessage(event.message, 15000)

@@ -128,6 +128,8 @@ class SessionsDialog(QDialog):
     """Lists the sessions folder; :attr:`open_requested` carries the file to open."""
 
     open_requested = Signal(str)
+    #: Two or more session files to put side by side.
+    compare_requested = Signal(list)
 
     def __init__(self, parent: QWidget | None = None, folder: Path | None = None) -> None:
         super().__init__(parent)
@@ -143,7 +145,7 @@ class SessionsDialog(QDialog):
         self.view.setSortingEnabled(True)
         self.view.sortByColumn(0, Qt.DescendingOrder)
         self.view.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.view.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.view.setSelectionMode(QAbstractItemView.ExtendedSelection)
         self.view.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.view.verticalHeader().hide()
         header = self.view.horizontalHeader()
@@ -163,14 +165,21 @@ class SessionsDialog(QDialog):
         self.rename_button.setToolTip("Give the selected run a name of your own (F2)")
         self.delete_button = QPushButton("&Delete")
         self.delete_button.setToolTip("Delete the selected session file (Del)")
+        self.compare_button = QPushButton("&Compare")
+        self.compare_button.setToolTip(
+            "Put the selected runs side by side: one trace of each on one plot, their peaks, "
+            "step times and settings in a table (select two or more with Ctrl or Shift)"
+        )
         self.file_button = QPushButton("Open &file…")
         self.file_button.setToolTip("Open a session file from elsewhere (torchmem run --record)")
-        for button in (self.open_button, self.rename_button, self.delete_button):
+        for button in (self.open_button, self.compare_button, self.rename_button):
             buttons.addButton(button, QDialogButtonBox.ActionRole)
+        buttons.addButton(self.delete_button, QDialogButtonBox.ActionRole)
         buttons.addButton(self.file_button, QDialogButtonBox.ActionRole)
         buttons.addButton(QDialogButtonBox.Close)
         buttons.rejected.connect(self.reject)
         self.open_button.clicked.connect(self.open_selected)
+        self.compare_button.clicked.connect(self.compare_selected)
         self.rename_button.clicked.connect(self.rename_selected)
         self.delete_button.clicked.connect(self.delete_selected)
         self.file_button.clicked.connect(self.open_file)
@@ -200,20 +209,24 @@ class SessionsDialog(QDialog):
             self.view.selectRow(0)
         self._update_buttons()
 
+    def selected_entries(self) -> list[SessionEntry]:
+        """The entries of the selected rows, in the order shown."""
+        rows = sorted(self.view.selectionModel().selectedRows(), key=lambda i: i.row())
+        return [self.model.rows[self.proxy.mapToSource(i).row()] for i in rows]
+
     def selected(self) -> SessionEntry | None:
-        """The entry of the selected row."""
-        rows = self.view.selectionModel().selectedRows()
-        if not rows:
-            return None
-        return self.model.rows[self.proxy.mapToSource(rows[0]).row()]
+        """The entry of the selected row (the first, when several are)."""
+        entries = self.selected_entries()
+        return entries[0] if entries else None
 
     def _update_buttons(self) -> None:
-        entry = self.selected()
-        for button in (self.open_button, self.rename_button, self.delete_button):
-            button.setEnabled(entry is not None)
-        if entry is not None and entry.error:
-            self.open_button.setEnabled(False)
-            self.rename_button.setEnabled(False)
+        entries = self.selected_entries()
+        one = len(entries) == 1 and not entries[0].error
+        self.open_button.setEnabled(one)
+        self.rename_button.setEnabled(one)
+        self.delete_button.setEnabled(len(entries) == 1)
+        readable = [e for e in entries if not e.error]
+        self.compare_button.setEnabled(len(readable) >= 2)
 
     # -- actions --------------------------------------------------------------------------
     @Slot()
@@ -226,6 +239,15 @@ class SessionsDialog(QDialog):
             QMessageBox.warning(self, "Cannot open the session", entry.error)
             return
         self.open_requested.emit(str(entry.path))
+        self.accept()
+
+    @Slot()
+    def compare_selected(self) -> None:
+        """Ask the window to compare the selected runs (two or more)."""
+        paths = [str(e.path) for e in self.selected_entries() if not e.error]
+        if len(paths) < 2:
+            return
+        self.compare_requested.emit(paths)
         self.accept()
 
     @Slot()

@@ -276,3 +276,65 @@ def test_a_loop_of_tiny_steps_is_recorded_thinned_with_its_step_count_and_time_e
     again = load(path).session
     assert again.steps.steps == 10_000
     assert step_time(again) == pytest.approx(step_time(live)) == pytest.approx(1e-4)
+
+
+def _recorded(path: Path, rss_per_step: float, steps: int, step_s: float) -> Path:
+    live = Session()
+    recorder = start_recording(path, live, "run", f"/x/{path.stem}.py")
+    live.submit(RunStarted(0.0, f"/x/{path.stem}.py", ()))
+    for step in range(1, steps + 1):
+        t = step * step_s
+        live.submit(Sample(t, {"cpu/rss": 1e8 + step * rss_per_step}))
+        live.submit(Marker(t, MarkerKind.STEP, step=step))
+    live.submit(
+        RunFinished(steps * step_s, RunStatus.FINISHED, 0, "finished", duration_s=steps * step_s)
+    )
+    recorder.close()
+    return path
+
+
+def test_two_runs_compare_step_by_step_and_in_a_table(tmp_path):
+    from torchmem.record.compare import aligned, common_keys, compare_row
+
+    before = load(_recorded(tmp_path / "before.tmsession", 2e6, 50, 0.1))
+    after = load(_recorded(tmp_path / "after.tmsession", 1e6, 50, 0.2))
+    assert common_keys([before, after]) == ["cpu/rss"]
+    # Aligned by step, the runs' readings at step 40 line up although their times differ.
+    for recording, per_step in ((before, 2e6), (after, 1e6)):
+        x, v = aligned(recording, "cpu/rss", "steps")
+        assert v[list(x).index(40.0)] == 1e8 + 40 * per_step
+    rows = [compare_row(r, recorded_summary(r)) for r in (before, after)]
+    assert [r.name for r in rows] == ["before.py", "after.py"]
+    assert rows[0].peaks["cpu_rss"] == 1e8 + 50 * 2e6 and rows[1].peaks["cpu_rss"] == 1.5e8
+    assert rows[1].step_time_s == pytest.approx(2 * rows[0].step_time_s)
+
+    proc = _torchmem("compare", str(before.path), str(after.path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[1].startswith("before.py") and lines[2].startswith("after.py")
+    assert "-25%" in lines[2], "the second run's peak reads as a change from the first"
+    bad = _torchmem("compare", str(before.path), str(tmp_path / "nope.tmsession"))
+    assert bad.returncode == 2 and "no such session file" in bad.stderr
+
+
+def test_a_run_that_vanished_when_ram_ran_out_is_blamed_on_the_oom_killer(tmp_path):
+    from torchmem.sources.vanished import oom_killer_hint
+
+    total = 16 * 2**30
+    starving, fine = Session(), Session()
+    path = tmp_path / "starved.tmsession"
+    recorder = start_recording(path, starving, "run", "big.py")
+    starving.submit(RunStarted(0.0, "big.py", ()))
+    for i in range(30):
+        t = i * 0.1
+        available = 8 * 2**30 - i * 280 * 2**20  # 72 MiB left at the end
+        starving.submit(Sample(t, {"system/available": available, "cpu/rss": 1e9 + i * 3e8}))
+        fine.submit(Sample(t, {"system/available": 8 * 2**30, "cpu/rss": 1e9}))
+    hint = oom_killer_hint(starving, total)
+    assert "probably the kernel's OOM killer" in hint and "of 16.00 GiB" in hint
+    assert "72.00 MiB" in hint
+    assert oom_killer_hint(fine, total) == ""
+    # The recording stops there (the monitor was killed too): its report says why, likely.
+    recorder.close({"complete": False})
+    message = recorded_summary(load(path))["message"]
+    assert "without its end" in message and "probably the kernel's OOM killer" in message

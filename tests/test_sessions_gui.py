@@ -87,3 +87,28 @@ def test_runs_are_not_recorded_when_recording_is_off(qtbot, make_window, script_
     run_to_the_end(qtbot, window, script_path("train_steps.py"))
     assert list_sessions(sessions_dir()) == []
     assert window.settings.value("record/enabled") in (False, "false")
+
+
+def test_two_recorded_runs_open_side_by_side(qtbot, make_window, script_path):
+    window = make_window()
+    for _ in range(2):
+        run_to_the_end(qtbot, window, script_path("train_steps.py"))
+    dialog = SessionsDialog(window)
+    qtbot.addWidget(dialog)
+    assert not dialog.compare_button.isEnabled(), "one row selected: nothing to compare"
+    dialog.view.selectAll()
+    assert dialog.compare_button.isEnabled() and not dialog.open_button.isEnabled()
+    with qtbot.waitSignal(dialog.compare_requested) as asked:
+        dialog.compare_selected()
+    compare = window.compare_recordings(asked.args[0])
+    qtbot.addWidget(compare)
+    assert compare.table.rowCount() == 2
+    names = [compare.table.item(r, 0).text() for r in range(2)]
+    assert all(n.startswith("train_steps.py") for n in names)
+    assert names[0] != names[1], "two runs of one script are told apart (by date here)"
+    assert compare.series_combo.count() >= 1
+    curves = compare.plot.getPlotItem().listDataItems()
+    assert len(curves) == 2 and all(len(c.getData()[0]) > 0 for c in curves)
+    compare.axis_combo.setCurrentIndex(1)  # by training step
+    xs = [c.getData()[0] for c in compare.plot.getPlotItem().listDataItems()]
+    assert all(x.max() <= 20.0 + 1e-9 for x in xs), "20 steps each, on a step axis"

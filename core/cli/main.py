@@ -8,6 +8,7 @@
     torchmem attach [OPTIONS] PID                  headless: collect from a running process
     torchmem report [--json] SESSION               a recorded session's summary, exports
     torchmem sessions [--json]                     the recorded sessions, newest first
+    torchmem compare [--json] SESSION SESSION...   recorded runs side by side
 
 torchmem's own options come before the script; everything after the script is the
 script's, as with ``python`` itself.
@@ -155,6 +156,20 @@ def report_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", metavar="JSON", help="also write the JSON summary here")
     p.add_argument("--csv", metavar="FILE", help="export every sample as CSV, a column per trace")
     p.add_argument("session", help="the session file (.tmsession)")
+    return p
+
+
+def compare_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem compare``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem compare",
+        description="Put recorded runs side by side: how each ended, duration, steps, step "
+        "time, peaks per device (later runs also as a change from the first), alerts and "
+        "allocator settings.",
+        epilog="Example: torchmem compare before.tmsession after.tmsession",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON, a row per run")
+    p.add_argument("sessions", nargs="+", help="two or more session files")
     return p
 
 
@@ -356,7 +371,7 @@ def _ps(argv: list[str]) -> int:
 
 
 #: The subcommands, for the message about an unknown one.
-SUBCOMMANDS = ("run", "ps", "attach", "tune", "report", "sessions")
+SUBCOMMANDS = ("run", "ps", "attach", "tune", "report", "sessions", "compare")
 
 
 def _has_display() -> bool:
@@ -379,6 +394,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         opts = report_parser().parse_args(argv[1:])
         return report(opts.session, opts.json, opts.summary, opts.csv)
+    if argv[:1] == ["compare"]:
+        from torchmem.cli.report import compare
+
+        opts = compare_parser().parse_args(argv[1:])
+        if len(opts.sessions) < 2:
+            compare_parser().error("give two or more session files to compare")
+        return compare(opts.sessions, opts.json)
     if argv[:1] == ["sessions"]:
         from torchmem.cli.report import sessions
 

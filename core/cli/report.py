@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchmem.cli.summary import run_summary, write_summary
+from torchmem.record.compare import compare_row, run_labels
 from torchmem.record.library import list_sessions, sessions_dir
 from torchmem.record.replay import Recording, load
 from torchmem.record.store import RecordError, SessionFile
@@ -175,4 +176,43 @@ def sessions(folder: str | None, as_json: bool) -> int:
         )
         if e.error:
             print(f"{'':<20} {e.error}")
+    return 0
+
+
+def compare(paths: list[str], as_json: bool) -> int:
+    """``torchmem compare``: recorded runs side by side; 2 when a file cannot be read."""
+    recordings = []
+    for path in paths:
+        try:
+            recordings.append(load(path))
+        except RecordError as exc:
+            print(f"torchmem: {exc}", file=sys.stderr)
+            return 2
+    rows = [
+        compare_row(r, recorded_summary(r), label)
+        for r, label in zip(recordings, run_labels(recordings), strict=True)
+    ]
+    if as_json:
+        print(json.dumps([row.to_json() for row in rows], indent=2))
+        return 0
+    devices = sorted({d for row in rows for d in row.peaks})
+    name_width = max(len(row.name) for row in rows)
+    header = f"{'RUN':<{name_width}}  {'ENDED':<18} {'DURATION':>9} {'STEPS':>7} {'STEP':>9}"
+    header += "".join(f" {('PEAK ' + ('RSS' if d == 'cpu_rss' else d)):>20}" for d in devices)
+    print(header + "  ALERTS  ALLOCATOR")
+    first = rows[0]
+    for row in rows:
+        step = f"{row.step_time_s * 1000:.1f} ms" if row.step_time_s else "-"
+        line = (
+            f"{row.name:<{name_width}}  {row.status:<18} {format_duration(row.duration_s):>9} "
+            f"{row.steps:>7,} {step:>9}"
+        )
+        for device in devices:
+            value, base = row.peaks.get(device), first.peaks.get(device)
+            text = format_bytes(value) if value is not None else "-"
+            if row is not first and value is not None and base:
+                text += f" {100 * (value - base) / base:+.0f}%"
+            line += f" {text:>20}"
+        allocator = ", ".join(f"{k}={v}" for k, v in row.allocator.items()) or "defaults"
+        print(f"{line}  {row.alerts:>6}  {allocator}")
     return 0

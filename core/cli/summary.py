@@ -19,6 +19,7 @@ import numpy as np
 
 from torchmem import __version__
 from torchmem.session import Session
+from torchmem.sources.vanished import oom_killer_hint
 
 #: Bumped when a key changes meaning or goes; new keys do not bump it.
 SCHEMA_VERSION = 1
@@ -124,7 +125,7 @@ def run_summary(
             f"the recording ends {format_duration(duration)} into the run without its end: "
             "torchmem or the script was stopped from outside (kill -9, a crash, the OOM "
             "killer, a power cut)"
-        )
+        ) + oom_killer_hint(session)
     base = {
         "script": started.script if started else None,
         "argv": list(started.argv) if started else [],

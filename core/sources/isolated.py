@@ -28,6 +28,7 @@ from torchmem.session import Session
 from torchmem.sources.base import Script
 from torchmem.sources.follow import follow
 from torchmem.sources.remote import RemoteSource
+from torchmem.sources.vanished import oom_killer_hint
 from torchmem.transport.client import AttachError
 from torchmem.transport.discovery import find_agent
 
@@ -189,7 +190,7 @@ class IsolatedSource:
                 code,
                 f"the process was killed by {name}"
                 + (
-                    " (the OOM killer?)"
+                    oom_killer_hint(s) or " (by hand, a scheduler, or the OOM killer)"
                     if name == "SIGKILL" and not self._stop_requested_at
                     else ""
                 ),

@@ -33,6 +33,7 @@ from torchmem.events import (
 )
 from torchmem.series import scope_label
 from torchmem.session import Session
+from torchmem.sources.vanished import oom_killer_hint
 from torchmem.tensors.model import Census, StorageInfo
 from torchmem.transport.client import AgentClient, AttachError
 from torchmem.transport.discovery import AgentEntry, boot_id
@@ -243,7 +244,7 @@ class RemoteSource:
                     RunStatus.KILLED,
                     (
                         f"process {self.entry.pid} ended while attached (killed or crashed; "
-                        "exit status unknown)"
+                        "exit status unknown)" + oom_killer_hint(self.session)
                     ),
                 )
             else:
