@@ -36,6 +36,7 @@ from torchmem.events import (
     RunStarted,
     RunStatus,
 )
+from torchmem.leaks.oom import explain_oom
 from torchmem.probe.commands import COMMANDS
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.probe.sampler import MAX_HZ, MIN_HZ
@@ -59,6 +60,7 @@ from .compare_window import CompareWindow
 from .gui_gc import GuiThreadCollector
 from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
+from .oom_dialog import OomDialog
 from .readings import ReadingsTable
 from .run_controller import RunController
 from .sessions_dialog import SessionsDialog
@@ -243,6 +245,14 @@ ACTIONS = (
         "List every live tensor by storage, with names",
     ),
     ActionSpec(
+        "act_oom",
+        "Explain the &out-of-memory error…",
+        "show_oom_report",
+        None,
+        "What the failed allocation asked for, the largest tensors by name when it failed, "
+        "and what to try",
+    ),
+    ActionSpec(
         "act_leak_settings",
         "&Leak detection settings…",
         "edit_leak_settings",
@@ -307,6 +317,7 @@ class MainWindow(QMainWindow):
         self.cwd: str | None = None
         self.last_result: RunFinished | None = None
         self.force_exit_needed = False
+        self._oom_dialog: OomDialog | None = None
 
         self.setWindowTitle("torchmem")
         self.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
@@ -513,6 +524,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_snapshot)
         m.addSeparator()
         m.addAction(self.act_census)
+        m.addAction(self.act_oom)
         m.addAction(self.act_leak_settings)
         m = mb.addMenu("&View")
         for act in (self.act_steps, self.act_follow, self.act_pause):
@@ -1107,6 +1119,31 @@ class MainWindow(QMainWindow):
         self._update_actions()
         return True
 
+    @Slot()
+    def show_oom_report(self) -> OomDialog | None:
+        """The Out of memory dialog of the run shown, if it ended out of memory."""
+        report = explain_oom(self.session, self.readings.capacity)
+        if report is None:
+            return None
+        if self._oom_dialog is not None:
+            self._oom_dialog.close()
+        dialog = OomDialog(report, self)
+        dialog.setAttribute(Qt.WA_DeleteOnClose)
+        dialog.action_requested.connect(self._on_oom_action)
+        dialog.destroyed.connect(lambda: setattr(self, "_oom_dialog", None))
+        self._oom_dialog = dialog
+        dialog.show()
+        self._update_actions()
+        return dialog
+
+    @Slot(str)
+    def _on_oom_action(self, key: str) -> None:
+        if key == "tune":
+            self.open_tune()
+        elif key == "leak":
+            self.alerts_dock.show()
+            self.alerts_dock.raise_()
+
     @Slot(list)
     def compare_recordings(self, paths: list[str]) -> CompareWindow | None:
         """Open a Compare window on two or more recorded sessions."""
@@ -1146,6 +1183,8 @@ class MainWindow(QMainWindow):
         self.run_label.setToolTip(f"{text}: {event.message}")
         # The label on the right says how it ended; the message says why (never twice).
         self.statusBar().showMessage(event.message, 30000)
+        if event.status is RunStatus.OOM:
+            QTimer.singleShot(0, self.show_oom_report)  # after the views drew the run's end
         if event.status in (RunStatus.FAILED, RunStatus.OOM, RunStatus.KILLED):
             started = self.session.run_started
             name = Path(started.script).name if started else Path(self.script or "").name
@@ -1197,6 +1236,10 @@ class MainWindow(QMainWindow):
             else "An attached process raises alerts with its own (default) settings"
         )
         self.act_isolated.setEnabled(not running)
+        finished = self.session.run_finished
+        self.act_oom.setEnabled(
+            not running and finished is not None and finished.status is RunStatus.OOM
+        )
         has_acc = self.target.has_accelerator
         for act in (self.act_history, self.act_snapshot):
             act.setEnabled(has_acc)

@@ -440,3 +440,29 @@ def test_a_remembered_separate_process_mode_is_shown(make_window, settings_path)
     assert window.mode_label.isVisible() and "separate process" in window.mode_label.text()
     window.act_isolated.trigger()
     assert not window.mode_label.isVisible()
+
+
+def test_an_oom_opens_a_report_that_names_the_tensors_in_the_failing_frames(
+    qtbot, window, tmp_path
+):
+    script = tmp_path / "oom_in_forward.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(256, 1024)\n"
+        "def forward_big(batch):\n"
+        "    hidden = model(torch.randn(batch, 256))\n"
+        "    return hidden, torch.empty(1 << 50, dtype=torch.uint8)\n"
+        "forward_big(2048)\n"
+    )
+    window.load_script(str(script), [], run=True)
+    assert finish(qtbot, window).status is RunStatus.OOM
+    qtbot.waitUntil(lambda: window._oom_dialog is not None and window._oom_dialog.isVisible())
+    dialog = window._oom_dialog
+    report = dialog.report
+    assert report.device == "cpu" and report.requested_bytes == 1 << 50
+    names = [dialog.table.item(r, 1).text() for r in range(dialog.table.rowCount())]
+    assert names[0] == "hidden", "the local of the frame that failed, named, largest first"
+    assert dialog.table.item(0, 0).text() == "8.00 MiB"
+    assert window.act_oom.isEnabled()
+    dialog.buttons["tune"].click()
+    assert window.tune_dock.isVisible()

@@ -338,3 +338,50 @@ def test_a_run_that_vanished_when_ram_ran_out_is_blamed_on_the_oom_killer(tmp_pa
     recorder.close({"complete": False})
     message = recorded_summary(load(path))["message"]
     assert "without its end" in message and "probably the kernel's OOM killer" in message
+
+
+def test_a_cuda_oom_report_reads_the_message_and_the_fragmentation():
+    from torchmem.leaks.oom import explain_oom
+
+    session = Session()
+    session.submit(RunStarted(0.0, "train.py", ()))
+    session.submit(Sample(1.0, {"cuda:1/allocated": 60 * 2**30, "cuda:1/reserved": 75 * 2**30}))
+    error = (
+        "out of memory (OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 "
+        "has a total capacity of 79.15 GiB of which 1.50 GiB is free.). Try a smaller batch "
+        "size, activation checkpointing, or mixed precision; on CUDA, ..."
+    )
+    session.submit(RunFinished(2.0, RunStatus.OOM, 1, error))
+    report = explain_oom(session, {"cuda:1": 80 * 2**30})
+    assert report.device == "cuda:1" and report.requested_bytes == 2 * 2**30
+    assert report.unallocated_reserved == 15 * 2**30
+    keys = [s.key for s in report.suggestions]
+    assert keys[0] == "tune" and "expandable_segments" in keys
+    assert any("15.00 GiB reserved but unallocated" in line for line in report.lines())
+    fine = Session()
+    fine.submit(RunFinished(1.0, RunStatus.FINISHED, 0, "finished"))
+    assert explain_oom(fine) is None
+
+
+@pytest.mark.slow
+def test_an_oom_run_explains_itself_in_its_summary_and_its_recording(tmp_path):
+    script = tmp_path / "oom_in_forward.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(256, 1024)\n"
+        "def forward_big(batch):\n"
+        "    hidden = model(torch.randn(batch, 256))\n"
+        "    return hidden, torch.empty(1 << 50, dtype=torch.uint8)\n"
+        "forward_big(2048)\n"
+    )
+    path, summary = tmp_path / "oom.tmsession", tmp_path / "s.json"
+    run = _torchmem("run", "--record", str(path), "--summary", str(summary), str(script))
+    assert run.returncode == 1
+    assert "largest storages when it failed" in run.stderr and "hidden (activation)" in run.stderr
+    data = check_summary(json.loads(summary.read_text()))
+    assert data["status"] == "out of memory"
+    assert data["oom"]["largest"][0]["name"] == "hidden"
+    assert data["oom"]["requested_bytes"] == 1 << 50
+    report = _torchmem("report", "--json", str(path))
+    again = check_summary(json.loads(report.stdout))
+    assert again["oom"]["largest"] == data["oom"]["largest"]

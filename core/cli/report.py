@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchmem.cli.summary import run_summary, write_summary
+from torchmem.leaks.oom import explain_oom
 from torchmem.record.compare import compare_row, run_labels
 from torchmem.record.library import list_sessions, sessions_dir
 from torchmem.record.replay import Recording, load
@@ -42,6 +43,9 @@ def recorded_summary(recording: Recording) -> dict[str, Any]:
             data[key] = stored[key]
     capacity = meta.get("capacity_bytes")
     data.setdefault("capacity_bytes", capacity if isinstance(capacity, dict) else {})
+    oom = explain_oom(recording.session, data["capacity_bytes"])
+    if oom is not None:
+        data["oom"] = oom.to_json()
     data["recording"] = {
         "path": str(recording.path),
         "complete": recording.complete,
@@ -130,6 +134,9 @@ def _text(recording: Recording, data: dict[str, Any]) -> str:
             lines.append(f"          fix: {alert['suggestion']}")
     if not data["alerts"]:
         lines.append("Alerts    none")
+    oom = explain_oom(recording.session, data["capacity_bytes"])
+    if oom is not None:
+        lines += oom.lines()
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from torchmem.cli.summary import build_summary, step_time, write_summary
 from torchmem.events import AlertKind, Event, Marker, MarkerKind, RunFinished, RunStatus
+from torchmem.leaks.oom import explain_oom
 from torchmem.probe.backends import peak_rss
 from torchmem.probe.parent_watch import ParentWatch
 from torchmem.probe.runner import EXIT_STOPPED
@@ -156,6 +157,9 @@ def run_headless(
     data = summary(session, source, result)
     if max_steps:
         data["max_steps"] = max_steps
+    oom = explain_oom(session, source.capacity())
+    if oom is not None:
+        data["oom"] = oom.to_json()
     if recorder is not None:
         recorder.close({"summary": data})
         if recorder.error is None and not quiet:
@@ -172,6 +176,8 @@ def run_headless(
             f"{result.duration_s:.1f} s, {data['steps']} steps, {data['samples']} samples; "
             f"peaks: {peaks or 'none'}\n"
         )
+    if oom is not None:
+        sys.stderr.write("".join(f"torchmem: {line}\n" for line in oom.lines()))
     leaks = [a for a in session.alert_list() if a.kind in LEAK_KINDS]
     for alert in session.alert_list():
         sys.stderr.write(

@@ -190,8 +190,12 @@ class ScriptRunner:
         now: Callable[[], float] = time.monotonic,
         cwd: str | os.PathLike[str] | None = None,
         capture_output: bool = True,
+        on_oom: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.script = str(script)
+        #: Called in the script's thread with an out-of-memory error, while its traceback
+        #: (and every tensor its frames hold) is still alive: the OOM census.
+        self.on_oom = on_oom
         self.args = list(args)
         self.emit = emit
         self.now = now
@@ -251,6 +255,11 @@ class ScriptRunner:
         except BaseException as exc:
             tb_text = _script_traceback(exc, script_path)
             status, code, message = classify_exception(exc)
+            if status is RunStatus.OOM and self.on_oom is not None:
+                try:
+                    self.on_oom(exc)
+                except Exception as hook_error:  # the run's end is reported whatever happens
+                    self._log(Stream.TORCHMEM, f"out-of-memory census failed: {hook_error}")
         finally:
             if self._fallback is not None:
                 self._fallback.cancel()

@@ -31,7 +31,7 @@ from torchmem.probe.steps import StepTracker
 from torchmem.session import Session
 from torchmem.sources.base import Script
 from torchmem.tensors.model import TensorInfo, describe_census
-from torchmem.tensors.namespaces import script_namespaces
+from torchmem.tensors.namespaces import script_namespaces, traceback_namespaces
 from torchmem.tensors.referrers import referrers_of
 from torchmem.tensors.schedule import CensusSchedule
 from torchmem.tensors.walk import take_census
@@ -92,14 +92,15 @@ class InProcessSource:
         self._census_done = threading.Event()
         self._census_reply: CensusTaken | None = None
         self._abandoned = False
+        self._history_on = False  # CUDA allocation history, as the user last set it
         #: The measured commands of probe.commands.COMMANDS, by name.
         self._handlers: dict[str, Callable[[Callable[[], float]], CommandResult]] = {
             "gc_collect": lambda now: gc_collect(self.backends, now),
             "empty_cache": lambda now: empty_cache(self.backends, now),
             "reset_peaks": self._reset_peaks,
             "census": self._census_command,
-            "history_start": lambda now: allocation_history(self.backends, now, record=True),
-            "history_stop": lambda now: allocation_history(self.backends, now, record=False),
+            "history_start": lambda now: self._history(now, record=True),
+            "history_stop": lambda now: self._history(now, record=False),
             "snapshot": lambda now: save_snapshot(self.backends, now, snapshot_dir()),
         }
 
@@ -123,6 +124,7 @@ class InProcessSource:
             self.session.now,
             script.cwd,
             script.capture_output,
+            on_oom=self._on_oom,
         )
         self._runner = runner
         _active = self
@@ -286,6 +288,27 @@ class InProcessSource:
         _, previous = self.session.censuses()
         message = describe_census(taken.census, previous.census if previous else None)
         return CommandResult(now(), "census", True, message)
+
+    def _history(self, now: Callable[[], float], record: bool) -> CommandResult:
+        result = allocation_history(self.backends, now, record=record)
+        if result.ok:
+            self._history_on = record
+        return result
+
+    def _on_oom(self, exc: BaseException) -> None:
+        """An out-of-memory error ended the script: take the census now, from the frames
+        the error went through (their tensors die with the traceback), and, where the user
+        records CUDA allocation history, the memory snapshot of that moment."""
+        runner = self._runner
+        script = runner.script if runner is not None else None
+        namespaces = traceback_namespaces(exc.__traceback__, script)
+        try:
+            result = take_census(namespaces, step=self.steps)
+        finally:
+            namespaces.clear()
+        self.session.submit(CensusTaken(self.session.now(), self.steps, result, "oom"))
+        if self._history_on:
+            self.session.submit(save_snapshot(self.backends, self.session.now, snapshot_dir()))
 
     def _reset_peaks(self, now: Callable[[], float]) -> CommandResult:
         peaks = {k: p for k, (_, p) in self.session.latest().items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,32 @@ def script_namespaces(
     frame = (
         sys._current_frames().get(thread_ident) if thread_ident is not None else sys._getframe(1)
     )
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return _frame_namespaces(frames, script)
+
+
+def traceback_namespaces(tb: Any, script: str | None = None) -> list[Namespace]:
+    """Variables of the frames an exception went through, innermost first: what an
+    out-of-memory census names tensors by, taken before the traceback is let go."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return _frame_namespaces(reversed(frames), script)
+
+
+def _frame_namespaces(frames: Iterable[Any], script: str | None) -> list[Namespace]:
+    """The namespaces of ``frames`` (innermost first); see :func:`script_namespaces`."""
     folder = str(Path(script).resolve().parent) if script else None
     out: list[Namespace] = []
     seen: set[int] = set()
-    while frame is not None:
+    for frame in frames:
         # runpy's frames hold the script's globals as run_globals: the script's own names
         # already say it ("big", not "_run_code: run_globals['big']").
         if own_frame(frame) or frame.f_globals.get("__name__") == "runpy":
-            frame = frame.f_back
             continue
         filename = frame.f_code.co_filename
         code = frame.f_code.co_name
@@ -49,5 +68,4 @@ def script_namespaces(
             local_vars = dict(frame.f_locals)
             owner = local_vars.pop("self", None)
             out.append((f"{code}: ", local_vars, owner))
-        frame = frame.f_back
     return out
