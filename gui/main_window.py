@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import shlex
 import sys
+from operator import attrgetter
 from pathlib import Path
-from typing import NamedTuple
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
@@ -27,8 +26,6 @@ from PySide6.QtWidgets import (
 )
 
 from torchmem import __version__
-from torchmem.cli.report import recorded_summary
-from torchmem.cli.summary import run_summary
 from torchmem.events import (
     Alert,
     CommandResult,
@@ -40,10 +37,6 @@ from torchmem.leaks.oom import explain_oom
 from torchmem.probe.commands import COMMANDS
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.probe.sampler import MAX_HZ, MIN_HZ
-from torchmem.record.library import DEFAULT_CAP_BYTES
-from torchmem.record.replay import load
-from torchmem.record.runs import RunRecorder
-from torchmem.record.store import RecordError, SessionFile
 from torchmem.resources import path as resource_path
 from torchmem.series import scope_label
 from torchmem.session import Session
@@ -52,18 +45,18 @@ from torchmem.sources.base import Source
 from torchmem.sources.inprocess import InProcessSource
 from torchmem.sources.isolated import IsolatedSource
 
+from .actions import ACTIONS
 from .alert_panel import AlertPanel
 from .banner import Banner
 from .breakdown_plot import BreakdownPlot
 from .bridge import SessionBridge
-from .compare_window import CompareWindow
 from .gui_gc import GuiThreadCollector
 from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
 from .oom_dialog import OomDialog
 from .readings import ReadingsTable
+from .recordings import Recordings
 from .run_controller import RunController
-from .sessions_dialog import SessionsDialog
 from .status_bar import ElidingStatusBar
 from .tensor_panel import TensorPanel
 from .theme import THEMES, apply_theme
@@ -75,228 +68,6 @@ UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
 # Bumped whenever docks are added or moved: a dock layout saved by an older version would
 # put new docks in odd places, so it is not restored.
 LAYOUT_VERSION = 4
-
-
-class ActionSpec(NamedTuple):
-    """One action of the window: built by :meth:`MainWindow._build_actions` as ``self.<attr>``."""
-
-    attr: str
-    text: str
-    #: A method of the window, or ``command:NAME`` for a command of probe.commands.COMMANDS.
-    slot: str
-    shortcut: str | None = None
-    tip: str = ""
-    checkable: bool = False
-
-
-#: Every action of the window, in menu order within each menu.
-ACTIONS = (
-    ActionSpec(
-        "act_open",
-        "&Open script…",
-        "open_script_dialog",
-        "Ctrl+O",
-        "Choose a Python training script to run",
-    ),
-    ActionSpec(
-        "act_sessions",
-        "Recorded &sessions…",
-        "open_sessions",
-        "Ctrl+Shift+O",
-        "Every run of the window is recorded: open one as it was, rename or delete it",
-    ),
-    ActionSpec(
-        "act_demo",
-        "Open the &demo",
-        "open_demo",
-        None,
-        "Run the bundled demo: a small CNN on synthetic data",
-    ),
-    ActionSpec(
-        "act_run",
-        "&Run",
-        "run",
-        "F5",
-        "Run the script in a background thread",
-    ),
-    ActionSpec(
-        "act_stop",
-        "&Stop",
-        "stop",
-        "Shift+F5",
-        "Stop the script at its next step (forced after 2 s)",
-    ),
-    ActionSpec(
-        "act_rerun",
-        "R&e-run",
-        "rerun",
-        "Ctrl+R",
-        "Stop if running, then run again",
-    ),
-    ActionSpec(
-        "act_abandon",
-        "A&bandon the run",
-        "abandon_run",
-        None,
-        "Let go of a script that does not stop because it is blocked in a C call: the window "
-        "is free again, the script's thread ends when the call returns, and the next run "
-        "goes to a separate process",
-    ),
-    ActionSpec(
-        "act_quit",
-        "&Quit",
-        "close",
-        "Ctrl+Q",
-        "Stop the script and quit",
-    ),
-    ActionSpec(
-        "act_isolated",
-        "Run in a separate &process",
-        "_toggle_isolated",
-        None,
-        "Run scripts as `torchmem run` in a child process and attach to it: for scripts that "
-        "use signals, spawn DataLoader workers or need allocator settings; a crash there "
-        "never takes the window",
-        checkable=True,
-    ),
-    ActionSpec(
-        "act_record",
-        "Re&cord every run",
-        "_toggle_recording",
-        None,
-        "Write each run into the sessions folder as it happens (a crash loses at most the "
-        "last second); File > Recorded sessions opens them again",
-        checkable=True,
-    ),
-    ActionSpec(
-        "act_tune",
-        "&Tune the batch size…",
-        "open_tune",
-        "Ctrl+B",
-        "Find the largest batch size that fits a memory budget: a few trials in separate "
-        "processes, a fitted memory model, a verified recommendation",
-    ),
-    ActionSpec(
-        "act_attach",
-        "&Attach to a process…",
-        "open_attach_dialog",
-        "Ctrl+Shift+A",
-        "Show a running process: one with torchmem.serve() or started by `torchmem run "
-        "--attachable` (everything), or any torch process (RSS and GPU memory)",
-    ),
-    ActionSpec(
-        "act_inject",
-        "&Inject the agent (experimental)",
-        "inject_agent",
-        None,
-        "Start torchmem's agent inside the watched process (gdb on Python < 3.14, "
-        "sys.remote_exec on 3.14), for steps, tensors, alerts and commands",
-    ),
-    ActionSpec(
-        "act_detach",
-        "&Detach",
-        "detach",
-        "Ctrl+Shift+D",
-        "Stop showing the attached process; it carries on",
-    ),
-    ActionSpec(
-        "act_gc",
-        "gc.collect()",
-        "command:gc_collect",
-        "Ctrl+G",
-        "Run Python's garbage collector and show what it freed",
-    ),
-    ActionSpec(
-        "act_empty",
-        "empty_cache()",
-        "command:empty_cache",
-        "Ctrl+E",
-        "Return the accelerator allocator's unused cache to the device",
-    ),
-    ActionSpec(
-        "act_reset",
-        "Reset peaks",
-        "command:reset_peaks",
-        "Ctrl+Shift+P",
-        "Start new peak figures from now",
-    ),
-    ActionSpec(
-        "act_history",
-        "Record CUDA allocation &history",
-        "_toggle_history",
-        None,
-        "Record every CUDA allocation and free with its Python stack (the newest 100,000), "
-        "for a memory snapshot; slows allocation a little while on",
-        checkable=True,
-    ),
-    ActionSpec(
-        "act_snapshot",
-        "Save a memory &snapshot (memory_viz)",
-        "command:snapshot",
-        "Ctrl+Shift+S",
-        "Write the CUDA allocator's segments, blocks and recorded history to a file for "
-        "https://pytorch.org/memory_viz",
-    ),
-    ActionSpec(
-        "act_census",
-        "Take a &census",
-        "command:census",
-        "Ctrl+Shift+C",
-        "List every live tensor by storage, with names",
-    ),
-    ActionSpec(
-        "act_oom",
-        "Explain the &out-of-memory error…",
-        "show_oom_report",
-        None,
-        "What the failed allocation asked for, the largest tensors by name when it failed, "
-        "and what to try",
-    ),
-    ActionSpec(
-        "act_leak_settings",
-        "&Leak detection settings…",
-        "edit_leak_settings",
-        None,
-        "Thresholds and warm-up of leak and capacity alerts",
-    ),
-    ActionSpec(
-        "act_steps",
-        "X axis in &steps",
-        "_toggle_x_mode",
-        "Ctrl+T",
-        "Show the X axis in training steps instead of seconds",
-        checkable=True,
-    ),
-    ActionSpec(
-        "act_follow",
-        "&Follow",
-        "_toggle_follow",
-        "F",
-        "Keep the newest data in view",
-        checkable=True,
-    ),
-    ActionSpec(
-        "act_pause",
-        "&Pause drawing",
-        "_toggle_pause",
-        "Space",
-        "Freeze the traces; data is still recorded",
-        checkable=True,
-    ),
-    ActionSpec(
-        "act_shortcuts",
-        "&Keyboard shortcuts",
-        "show_shortcuts",
-        "F1",
-        "List the keyboard shortcuts",
-    ),
-    ActionSpec(
-        "act_about",
-        "&About torchmem",
-        "show_about",
-        None,
-    ),
-)
 
 
 class MainWindow(QMainWindow):
@@ -321,20 +92,14 @@ class MainWindow(QMainWindow):
 
         self.setWindowTitle("torchmem")
         self.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
+        #: Recording each run, the Sessions dialog, reopening, comparing, exporting.
+        self.recordings = Recordings(self)
         self._build_central()
         self._build_actions()
         self._build_toolbar()
         self._build_menus()
         self._build_status_bar()
         self._connect_runs()
-        capacity = self.source.capacity()
-        #: Each run of this window's Session, written to the sessions folder as it happens.
-        self.recorder = RunRecorder(
-            self.session,
-            summarize=lambda session: run_summary(session, capacity_bytes=capacity),
-            on_problem=self.session.note,
-            facts=lambda: {"capacity_bytes": capacity},
-        )
         # From here on every cyclic collection of this process runs in the GUI thread.
         self._collector = GuiThreadCollector.acquire()
         # Each view subscribes to the bridge itself; the window only keeps its own labels,
@@ -442,7 +207,7 @@ class MainWindow(QMainWindow):
                 name = spec.slot.removeprefix("command:")
                 handler = lambda name=name: self.run_command(name)  # noqa: E731
             else:
-                handler = getattr(self, spec.slot)
+                handler = attrgetter(spec.slot)(self)  # "recordings.open_dialog" too
             action = self._action(spec.text, handler, spec.shortcut, spec.tip, spec.checkable)
             setattr(self, spec.attr, action)
         self.act_follow.setChecked(True)
@@ -504,6 +269,7 @@ class MainWindow(QMainWindow):
         self.recent_menu = m.addMenu("Open &recent")
         m.addSeparator()
         m.addAction(self.act_sessions)
+        m.addAction(self.act_export)
         m.addSeparator()
         m.addAction(self.act_quit)
         m = mb.addMenu("&Run")
@@ -642,13 +408,7 @@ class MainWindow(QMainWindow):
         self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
         self.source.configure_leaks(load_leak_settings(s))
         self.act_isolated.setChecked(s.value("run/isolated", False) in (True, "true"))
-        recording = s.value("record/enabled", True) not in (False, "false")
-        self.act_record.setChecked(recording)
-        self.recorder.enabled = recording
-        cap_gib = s.value("record/cap_gib", DEFAULT_CAP_BYTES / 1024**3)
-        # A hand-edited setting that is not a number keeps the default.
-        with contextlib.suppress(TypeError, ValueError):
-            self.recorder.cap_bytes = max(1, int(float(cap_gib) * 1024**3))
+        self.recordings.restore(s)
         auto = s.value("census/auto", True)
         self.tensors.auto_check.setChecked(auto not in (False, "false"))
         theme = s.value("view/theme", "system")
@@ -987,6 +747,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Detached", 5000)
 
     def _clear_views(self) -> None:
+        self.recordings.opened = None
         self.session.reset()
         self.plot.clear_data()
         self.plot.scope = None
@@ -1003,7 +764,7 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _on_run_ended(self, attached_label: str) -> None:
-        self.recorder.end_run()
+        self.recordings.recorder.end_run()
         if attached_label and self.session.run_finished is None:
             self.run_label.setText(f"Detached from {attached_label}")
         self.bridge.flush()
@@ -1056,69 +817,6 @@ class MainWindow(QMainWindow):
             elif isinstance(event, CommandResult):
                 self._on_command_result(event)
 
-    # -- recorded sessions ------------------------------------------------------------------
-    def _toggle_recording(self, checked: bool) -> None:
-        self.recorder.enabled = checked
-        self.settings.setValue("record/enabled", checked)
-        self.statusBar().showMessage(
-            "Runs are recorded from the next one on" if checked else "Runs are not recorded",
-            5000,
-        )
-
-    @Slot()
-    def open_sessions(self) -> None:
-        """The Sessions dialog: recorded runs to open, rename or delete."""
-        dialog = SessionsDialog(self)
-        dialog.open_requested.connect(self.open_recording)
-        dialog.compare_requested.connect(self.compare_recordings)
-        dialog.exec()
-        dialog.deleteLater()  # destroyed by this thread's event loop, never by a gc elsewhere
-
-    @Slot(str)
-    def open_recording(self, path: str) -> bool:
-        """Show a recorded session in the window's views, as it was when recorded."""
-        if self.running or self.attached is not None:
-            self.show_error(
-                "A run is in progress: stop it (Shift+F5) or detach before opening a recording.",
-                "info",
-            )
-            return False
-        try:
-            SessionFile(path).close()  # a file that cannot be read leaves the views as they are
-        except RecordError as exc:
-            self.show_error(f"Cannot open the recording: {exc}")
-            return False
-        self.banner.hide()
-        self._clear_views()
-        was_recording, self.recorder.enabled = self.recorder.enabled, False
-        try:
-            recording = load(path, self.session)
-        except RecordError as exc:
-            self.show_error(f"Cannot open the recording: {exc}")
-            return False
-        finally:
-            self.recorder.enabled = was_recording
-        self.bridge.flush()
-        meta = recording.meta
-        name = meta.get("title") or Path(str(meta.get("script") or path)).name
-        created = str(meta.get("created", ""))[:19].replace("T", " ")
-        self.setWindowTitle(f"{name} (recorded {created}) – torchmem")
-        if recording.ended is None:
-            self.run_label.setText("Recording interrupted")
-            self.run_label.setToolTip(recorded_summary(recording)["message"])
-        self.window_combo.setCurrentIndex(self.window_combo.findData(None))
-        self.statusBar().showMessage(
-            f"Opened the recording of {name} ({created}): {self.session.samples:,} samples, "
-            f"{self.session.steps.steps:,} steps",
-            15000,
-        )
-        if recording.problems:
-            self.show_error(f"{Path(path).name}: " + "; ".join(recording.problems), "warning")
-        elif recording.ended is None:
-            self.banner.show_message(f"{name}: {recorded_summary(recording)['message']}", "warning")
-        self._update_actions()
-        return True
-
     @Slot()
     def show_oom_report(self) -> OomDialog | None:
         """The Out of memory dialog of the run shown, if it ended out of memory."""
@@ -1143,24 +841,6 @@ class MainWindow(QMainWindow):
         elif key == "leak":
             self.alerts_dock.show()
             self.alerts_dock.raise_()
-
-    @Slot(list)
-    def compare_recordings(self, paths: list[str]) -> CompareWindow | None:
-        """Open a Compare window on two or more recorded sessions."""
-        recordings = []
-        QApplication.setOverrideCursor(Qt.WaitCursor)
-        try:
-            for path in paths:
-                recordings.append(load(path))
-        except RecordError as exc:
-            self.show_error(f"Cannot compare: {exc}")
-            return None
-        finally:
-            QApplication.restoreOverrideCursor()
-        window = CompareWindow(recordings, self)
-        window.setAttribute(Qt.WA_DeleteOnClose)
-        window.show()
-        return window
 
     def _on_command_result(self, event: CommandResult) -> None:
         self.statusBar().showMessage(event.message, 15000)
@@ -1344,7 +1024,7 @@ class MainWindow(QMainWindow):
         """
         tuned = self._tune is None or self._tune.shutdown(timeout_ms)
         clean = tuned and self.runs.shutdown(timeout_ms)
-        self.recorder.close()
+        self.recordings.close()
         self.bridge.close()
         if self._collector is not None:
             GuiThreadCollector.release()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from torchmem.cli.report import recorded_summary
@@ -17,7 +19,7 @@ def run_to_the_end(qtbot, window, script):
     qtbot.waitUntil(
         lambda: window.last_result is not None and not window.running, timeout=RUN_TIMEOUT_MS
     )
-    window.recorder.wait_closed()
+    window.recordings.recorder.wait_closed()
 
 
 @pytest.fixture
@@ -50,7 +52,7 @@ def test_a_run_in_the_window_is_recorded_and_reopens_with_the_same_figures(qtbot
     with qtbot.waitSignal(dialog.open_requested) as opened:
         dialog.open_selected()
     window.session.reset()  # what was live is gone; only the file can bring it back
-    assert window.open_recording(opened.args[0])
+    assert window.recordings.open(opened.args[0])
     # Every trace point as it was drawn live: same times, same values.
     assert window.session.keys() == list(live["traces"])
     for key, (t, v) in live["traces"].items():
@@ -74,7 +76,7 @@ def test_a_damaged_file_leaves_the_views_as_they_were(recorded, tmp_path):
     window, live = recorded
     bad = tmp_path / "bad.tmsession"
     bad.write_bytes(b"not a session" * 50)
-    assert not window.open_recording(str(bad))
+    assert not window.recordings.open(str(bad))
     assert "Cannot open the recording" in window.banner.text()
     assert "not a torchmem session" in window.banner.text()
     assert window.session.samples == live["samples"]
@@ -83,7 +85,7 @@ def test_a_damaged_file_leaves_the_views_as_they_were(recorded, tmp_path):
 def test_runs_are_not_recorded_when_recording_is_off(qtbot, make_window, script_path):
     window = make_window()
     window.act_record.trigger()  # on by default: this turns it off
-    assert not window.recorder.enabled
+    assert not window.recordings.recorder.enabled
     run_to_the_end(qtbot, window, script_path("train_steps.py"))
     assert list_sessions(sessions_dir()) == []
     assert window.settings.value("record/enabled") in (False, "false")
@@ -100,7 +102,7 @@ def test_two_recorded_runs_open_side_by_side(qtbot, make_window, script_path):
     assert dialog.compare_button.isEnabled() and not dialog.open_button.isEnabled()
     with qtbot.waitSignal(dialog.compare_requested) as asked:
         dialog.compare_selected()
-    compare = window.compare_recordings(asked.args[0])
+    compare = window.recordings.compare(asked.args[0])
     qtbot.addWidget(compare)
     assert compare.table.rowCount() == 2
     names = [compare.table.item(r, 0).text() for r in range(2)]
@@ -112,3 +114,20 @@ def test_two_recorded_runs_open_side_by_side(qtbot, make_window, script_path):
     compare.axis_combo.setCurrentIndex(1)  # by training step
     xs = [c.getData()[0] for c in compare.plot.getPlotItem().listDataItems()]
     assert all(x.max() <= 20.0 + 1e-9 for x in xs), "20 steps each, on a step axis"
+
+
+def test_the_shown_run_exports_as_csv_png_svg_and_json(qtbot, recorded, tmp_path):
+    window, live = recorded
+    for name in ("run.csv", "run.png", "run.svg", "run.json"):
+        assert window.recordings.export_to(str(tmp_path / name)), name
+        assert name in window.statusBar().currentMessage()
+    rows = (tmp_path / "run.csv").read_text().splitlines()
+    assert len(rows) - 1 == live["samples"], "every sample of the run, from its session file"
+    assert "cpu/rss" in rows[0].split(",")
+    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+    assert "<svg" in (tmp_path / "run.svg").read_text()[:2000]
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert summary["steps"] == live["steps"] and summary["status"] == "finished"
+    bad = tmp_path / "missing-folder" / "run.csv"
+    assert not window.recordings.export_to(str(bad))
+    assert "Cannot export" in window.banner.text()

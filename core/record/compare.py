@@ -77,6 +77,11 @@ def run_labels(recordings: list[Recording]) -> list[str]:
         ]
         extra = " ".join(own)[:60] or recordings[i].meta.get("created", "")[:19].replace("T", " ")
         labels.append(f"{name} {extra}".strip())
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):  # still alike (same arguments, same second): number
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            labels[i] = f"{label} #{seen[label]}"
     return labels
 
 
