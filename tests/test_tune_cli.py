@@ -45,7 +45,10 @@ def peak_rss_of_one_step(batch: int, tmp_path: Path) -> int:
 
 
 def test_linear_memory_recommendation_is_within_5_percent_with_no_oom(tmp_path):
-    base = peak_rss_of_one_step(1, tmp_path) - 1 * MiB  # everything but the batch's activations
+    # Everything but the batch's activations; the median of three runs, as one process's
+    # peak RSS wanders by a few MiB on a loaded machine (it once moved the answer 5.04 %).
+    runs = sorted(peak_rss_of_one_step(1, tmp_path) for _ in range(3))
+    base = runs[1] - 1 * MiB
     budget = base + 300 * MiB
     limit = budget - budget // 10  # the default headroom on CPU: 10%
     true_max = (limit - base) // MiB
