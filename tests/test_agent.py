@@ -251,13 +251,22 @@ def test_cli_ps_and_attach_summary(served, tmp_path):
     ).stdout
     assert str(proc.pid) in text and "served_train.py" in text
 
-    out = tmp_path / "attach.json"
+    out, recorded = tmp_path / "attach.json", tmp_path / "attach.tmsession"
     result = subprocess.run(
         [sys.executable, "-m", "torchmem", "attach", "--duration", "1.5", "--summary",
-         str(out), str(proc.pid)],
+         str(out), "--record", str(recorded), str(proc.pid)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    assert f"recorded in {recorded}" in result.stderr
+    report = subprocess.run(
+        [sys.executable, "-m", "torchmem", "report", "--json", str(recorded)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    again = check_summary(json.loads(report.stdout))
+    assert again["kind"] == "attach" and "status" not in again, "a detach is not an end"
+    assert "detached after" in again["message"] and "the process went on" in again["message"]
+    assert again["samples"] >= 10
     data = check_summary(json.loads(out.read_text()))
     assert data["pid"] == proc.pid and data["injected"] is False
     assert data["samples"] >= 10 and data["peak_bytes"]["cpu_rss"] > 50 << 20

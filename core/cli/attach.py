@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from torchmem.cli.summary import build_summary, rank_row, write_summary
+from torchmem.record.recorder import start_recording
+from torchmem.record.store import RecordError
 from torchmem.session import Session
 from torchmem.sources.attached import AttachedRun
 from torchmem.transport.client import AttachError
@@ -40,19 +42,33 @@ def attach_headless(
     entries: list[AgentEntry] | None = None,
     inject: bool = False,
     snapshot: bool = False,
+    record: str | None = None,
 ) -> int:
     """``torchmem attach``: collect for ``duration`` seconds (or until the process ends)
     and optionally write ``{"pid", "injected", "samples", "peak_bytes", "ranks"}``.
 
     With ``snapshot``, CUDA allocation history is recorded while attached and a
     memory_viz snapshot written by each process at the end (listed as ``"snapshots"``).
+    With ``record``, what is collected (the agent's history included) goes into that new
+    session file as it arrives.
     """
     session = Session()
+    recorder = None
+    if record:
+        try:
+            recorder = start_recording(
+                record, session, "attach", None, [], on_problem=_warn, attached_pid=pid
+            )
+        except RecordError as exc:
+            sys.stderr.write(f"torchmem: {exc}\n")
+            return 2
     run = AttachedRun(session, pid, hz, entries, inject)
     try:
         run.connect()
     except AttachError as exc:
         sys.stderr.write(f"torchmem: {exc}\n")
+        if recorder is not None:
+            recorder.close({"complete": False})
         return 1
     if snapshot and not run.remotes:
         run.close()
@@ -97,6 +113,11 @@ def attach_headless(
     )
     if snapshot:
         data["snapshots"] = snapshots
+    if recorder is not None:
+        # A detach is not the process's end: the file says which it was.
+        recorder.close({"summary": data, "detached": session.run_finished is None})
+        if not quiet and recorder.error is None:
+            sys.stderr.write(f"torchmem: recorded in {recorder.path}\n")
     if not quiet:
         for path in snapshots:
             sys.stderr.write(f"torchmem: memory snapshot {path} (open it on memory_viz)\n")
@@ -107,6 +128,10 @@ def attach_headless(
     if summary_path and not write_summary(summary_path, data):
         return 1
     return 0
+
+
+def _warn(message: str) -> None:
+    sys.stderr.write(f"torchmem: {message}\n")
 
 
 def _save_snapshots(run: AttachedRun) -> list[str]:

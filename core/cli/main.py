@@ -337,6 +337,7 @@ def attach_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--address", metavar="SOCKET", help="where that agent is reached: a forwarded socket"
     )
+    _record(p)
     p.add_argument("pid", type=int, nargs="?", help="the process id (see `torchmem ps`)")
     return p
 
@@ -432,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             entries,
             opts.inject,
             opts.snapshot,
+            opts.record,
         )
     if argv[:1] == ["run"] and "--" in argv:
         # `torchmem run [OPTIONS] -- COMMAND...`: any command, an agent in each torch process.

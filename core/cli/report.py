@@ -41,6 +41,13 @@ def recorded_summary(recording: Recording) -> dict[str, Any]:
     for key in END_ONLY:
         if key in stored:
             data[key] = stored[key]
+    if meta.get("detached") and recording.ended is None:
+        # torchmem let go of a process that went on: neither its end nor its exit code.
+        for key in ("status", "exit_code", "traceback"):
+            data.pop(key, None)
+        data["message"] = (
+            f"torchmem detached after {format_duration(recording.last_t)}; the process went on"
+        )
     capacity = meta.get("capacity_bytes")
     data.setdefault("capacity_bytes", capacity if isinstance(capacity, dict) else {})
     oom = explain_oom(recording.session, data["capacity_bytes"])
@@ -113,8 +120,12 @@ def _text(recording: Recording, data: dict[str, Any]) -> str:
         f"Script    {data.get('script') or '-'} {argv}".rstrip(),
         f"Recorded  {meta.get('created', '?')} on {meta.get('host', '?')}, "
         f"torch {meta.get('torch_version') or '?'}, torchmem {meta.get('torchmem_version', '?')}",
-        f"Ended     {data['status']} (exit code {data['exit_code']}) after "
-        f"{format_duration(data['duration_s'])}: {data['message']}",
+        (
+            f"Ended     {data['status']} (exit code {data['exit_code']}) after "
+            f"{format_duration(data['duration_s'])}: {data['message']}"
+            if "status" in data
+            else f"Ended     {data['message']}"
+        ),
         f"Steps     {data['steps']:,}"
         + (f", {data['step_time_s'] * 1000:.1f} ms per step" if data.get("step_time_s") else ""),
         f"Samples   {data['samples']:,}",

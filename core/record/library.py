@@ -79,6 +79,8 @@ class SessionEntry:
             return "unreadable"
         if not self.meta.get("complete"):
             return "interrupted"
+        if self.meta.get("detached"):
+            return "detached"
         return str(summary.get("status", "ended"))
 
     @property
