@@ -60,6 +60,19 @@ METRICS: dict[str, Metric] = {
         "(num_alloc_retries): a near-OOM slowdown. A count, not bytes.",
         sparse=True,
     ),
+    "inactive_split": Metric(
+        "inactive split blocks",
+        "Bytes in cached blocks the allocator split and cannot hand out whole "
+        "(inactive_split_bytes): fragmentation. When it is large next to 'reserved', "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) helps.",
+        sparse=True,
+    ),
+    "ooms": Metric(
+        "out-of-memory errors",
+        "Out-of-memory errors the allocator raised so far (num_ooms), caught or not. "
+        "A count, not bytes.",
+        sparse=True,
+    ),
     "available": Metric(
         "system available",
         "RAM the operating system can still give to processes without swapping.",
@@ -68,7 +81,7 @@ METRICS: dict[str, Metric] = {
 
 
 #: Metrics that are not byte counts (not drawn on the memory axes).
-COUNT_METRICS = frozenset({"alloc_retries"})
+COUNT_METRICS = frozenset({"alloc_retries", "ooms"})
 
 
 def split_key(key: str) -> tuple[str, str]:

@@ -59,6 +59,8 @@ class OomDialog(QDialog):
              "memory the caching allocator held: allocated plus its cache"),
             ("Reserved but unallocated", report.unallocated_reserved,
              "held by the allocator but in no tensor: fragmentation, when large"),
+            ("Inactive split blocks", report.inactive_split_bytes,
+             "cached blocks the allocator split and could not hand out whole"),
             ("Device total", report.capacity_bytes, "the device's memory"),
         )  # fmt: skip
         for label, value, tip in rows:

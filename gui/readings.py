@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
-from torchmem.series import METRICS, series_label, split_key
+from torchmem.series import COUNT_METRICS, METRICS, series_label, split_key
 from torchmem.session import Session
 from torchmem.units import format_bytes, format_duration
 
@@ -80,27 +80,33 @@ class ReadingsTable(QTableWidget):
                     cell.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                     self.setItem(row, col, cell)
             now_item = self.item(row, 1)
+            fmt = _count if split_key(key)[1] in COUNT_METRICS else format_bytes
             age = reference - when
             if math.isnan(last):
                 now_item.setText("–")
             elif age > (SPARSE_STALE_AFTER_S if _sparse(key) else STALE_AFTER_S):
                 old = format_duration(age, coarse=age >= 10)
-                now_item.setText(f"{format_bytes(last)} · {old}")
+                now_item.setText(f"{fmt(last)} · {old}")
                 now_item.setForeground(grey)
                 now_item.setToolTip(
                     f"Last read {age:.1f} s before the newest reading: it may have changed since."
                 )
             else:
-                now_item.setText(format_bytes(last))
+                now_item.setText(fmt(last))
                 now_item.setForeground(normal)
                 now_item.setToolTip("")
-            self.item(row, 2).setText(format_bytes(peak) if math.isfinite(peak) else "–")
+            self.item(row, 2).setText(fmt(peak) if math.isfinite(peak) else "–")
             device = split_key(key)[0]
             scope, _, bare = device.rpartition("/")  # "rank1/cuda:0" in a job
             if bare == "system":
                 device = f"{scope}/cpu" if scope else "cpu"
             total = self.capacity.get(device)
-            share = f"{100 * last / total:.1f} %" if total and not math.isnan(last) else ""
+            counts = fmt is _count
+            share = (
+                f"{100 * last / total:.1f} %"
+                if total and not counts and not math.isnan(last)
+                else ""
+            )
             self.item(row, 3).setText(share)
 
     def clear_rows(self) -> None:
@@ -118,3 +124,8 @@ class ReadingsTable(QTableWidget):
 def _sparse(key: str) -> bool:
     metric = split_key(key)[1]
     return metric in METRICS and METRICS[metric].sparse
+
+
+def _count(value: float) -> str:
+    """A count (allocation retries, OOMs) as a whole number, not bytes."""
+    return f"{int(value):,}"

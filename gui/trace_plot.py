@@ -14,7 +14,7 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QWidget
 
 from torchmem.events import MarkerKind, Severity
-from torchmem.series import METRICS, series_label, split_key, split_scope
+from torchmem.series import COUNT_METRICS, METRICS, series_label, split_key, split_scope
 from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
 
@@ -319,7 +319,9 @@ class TracePlot(pg.GraphicsLayoutWidget):
         """Pull the Session's data into the curves (no-op while paused)."""
         if self.paused and not force:
             return
-        keys = self.session.keys()
+        # Counts (allocation retries, OOMs) are no bytes: the readings table shows them.
+        every = self.session.keys()
+        keys = [k for k in every if split_key(k)[1] not in COUNT_METRICS]
         data = {k: self.session.arrays(k) for k in keys}
         for group, plot in self.plots.items():
             group_keys = [k for k in keys if plot_group(k) == group]

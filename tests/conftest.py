@@ -118,6 +118,14 @@ class StubCuda:
     def free(self, i: int, nbytes: int) -> None:
         self.allocated[i] -= nbytes
 
+    def memory_stats(self, i: int) -> dict[str, int]:
+        # The cache beyond what is allocated, all of it split blocks: a fragmented device.
+        return {
+            "num_alloc_retries": 0,
+            "inactive_split_bytes.all.current": self.reserved[i] - self.allocated[i],
+            "num_ooms": 0,
+        }
+
     def empty_cache(self) -> None:
         self.calls.append("empty_cache")
         self.reserved = list(self.allocated)

@@ -201,6 +201,11 @@ def test_accelerator_traces_and_empty_cache_with_a_stub_device(
     assert window.plot.plots["accelerator"].getAxis("left").labelText == "memory (GiB)"
     window.readings.refresh()
     assert window.readings.item(window.readings._rows["cuda:0/allocated"], 3).text() == "2.5 %"
+    # The fragmentation gauge: split blocks in bytes, drawn; retries and OOMs counted, not.
+    assert "cuda:0/inactive_split" in window.plot.curve_keys()
+    assert "cuda:0/ooms" not in window.plot.curve_keys()
+    now, peak = window.readings.row_text("cuda:0/ooms")[1:]
+    assert now.split(" ")[0] == "0" and peak == "0", "a count, not bytes"
     window.act_empty.trigger()
     qtbot.waitUntil(lambda: window.statusBar().currentMessage().startswith("empty_cache:"))
     assert "cuda:0 reserved -1.00 GiB (now 2.00 GiB)" in window.statusBar().currentMessage()

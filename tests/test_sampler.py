@@ -91,6 +91,13 @@ def test_accelerator_backend_reads_counters_only_once_initialised(stub_cuda):
     assert values["cuda:0/allocated"] == 100 << 20
     assert values["cuda:0/reserved"] == (100 << 20) + (2 << 20)
     assert values["cuda:0/peak_allocated"] == 100 << 20
+    # The fragmentation gauge, from memory_stats at most once a second.
+    assert values["cuda:0/inactive_split"] == 2 << 20
+    assert values["cuda:0/ooms"] == 0 and values["cuda:0/alloc_retries"] == 0
+    stub_cuda.alloc(0, 10 << 20)
+    values.clear()
+    backend.read(values)
+    assert "cuda:0/inactive_split" not in values, "memory_stats builds a large dict: 1 Hz"
     assert backend.capacity() == {"cuda:0": 80 << 30}
     assert stub_cuda.calls == [], "reading must not empty caches or reset peaks"
 

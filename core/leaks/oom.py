@@ -49,6 +49,8 @@ class OomReport:
     allocated_bytes: float | None = None
     reserved_bytes: float | None = None
     capacity_bytes: int | None = None
+    #: Bytes in split cached blocks the allocator could not hand out whole (CUDA).
+    inactive_split_bytes: float | None = None
     largest: list[tuple[str, str, int]] = field(default_factory=list)  # name, kind, bytes
     by_kind: dict[str, int] = field(default_factory=dict)
     census_trigger: str = ""
@@ -75,6 +77,8 @@ class OomReport:
                 f"  reserved       {format_bytes(self.reserved_bytes)} "
                 f"({format_bytes(gap)} reserved but unallocated)"
             )
+        if self.inactive_split_bytes:
+            out.append(f"  inactive split {format_bytes(self.inactive_split_bytes)}")
         if self.capacity_bytes:
             out.append(f"  device total   {format_bytes(self.capacity_bytes)}")
         if self.by_kind:
@@ -136,6 +140,7 @@ def explain_oom(session: Session, capacity: dict[str, int] | None = None) -> Oom
     if accelerator:
         report.allocated_bytes = _reading(latest, device, "allocated")
         report.reserved_bytes = _reading(latest, device, "reserved")
+        report.inactive_split_bytes = _reading(latest, device, "inactive_split")
     else:
         report.allocated_bytes = _reading(latest, "cpu", "rss")
     report.capacity_bytes = (capacity or {}).get(device)

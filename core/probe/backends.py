@@ -90,6 +90,14 @@ class ProcessBackend(MemoryBackend):
         return {"cpu": int(psutil.virtual_memory().total)}
 
 
+#: Figures of ``torch.cuda.memory_stats`` read at 1 Hz: the fragmentation gauge.
+ALLOCATOR_STATS = {
+    "alloc_retries": "num_alloc_retries",
+    "inactive_split": "inactive_split_bytes.all.current",
+    "ooms": "num_ooms",
+}
+
+
 class TorchAllocatorBackend(MemoryBackend):
     """CUDA or XPU through PyTorch's caching-allocator counters (``torch.cuda``-like API).
 
@@ -114,19 +122,24 @@ class TorchAllocatorBackend(MemoryBackend):
 
     def read(self, out: dict[str, float], full: bool = True) -> None:
         m = self.module
+        devices = self._active_devices()
+        if not devices:
+            return
         now = time.monotonic()
         stats_due = full and now >= self._next_stats
         if stats_due:
             self._next_stats = now + 1.0  # memory_stats builds a large dict: at most 1 Hz
-        for i in self._active_devices():
+        for i in devices:
             dev = f"{self.kind}:{i}"
             out[f"{dev}/allocated"] = float(m.memory_allocated(i))
             out[f"{dev}/reserved"] = float(m.memory_reserved(i))
             out[f"{dev}/peak_allocated"] = float(m.max_memory_allocated(i))
             if stats_due and hasattr(m, "memory_stats"):
-                retries = m.memory_stats(i).get("num_alloc_retries")
-                if retries is not None:
-                    out[f"{dev}/alloc_retries"] = float(retries)
+                stats = m.memory_stats(i)
+                for metric, name in ALLOCATOR_STATS.items():
+                    value = stats.get(name)
+                    if value is not None:
+                        out[f"{dev}/{metric}"] = float(value)
 
     def capacity(self) -> dict[str, int]:
         for i in self._active_devices():
