@@ -76,6 +76,9 @@ class RunStarted:
     script: str
     argv: tuple[str, ...]
     mode: str = "thread"
+    #: Allocator settings the run was started with (``PYTORCH_CUDA_ALLOC_CONF``, ...), where
+    #: torchmem set them for it; runs compared side by side show them.
+    allocator: dict[str, str] = field(default_factory=dict)
 
 
 class RunStatus(str, Enum):

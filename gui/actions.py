@@ -100,6 +100,15 @@ ACTIONS = (
         checkable=True,
     ),
     ActionSpec(
+        "act_allocator",
+        "A&llocator settings…",
+        "edit_allocator_settings",
+        None,
+        "PYTORCH_CUDA_ALLOC_CONF for the next runs (expandable_segments, max_split_size_mb, "
+        "garbage_collection_threshold); they run in a separate process, which reads them "
+        "before its allocator starts, and the recording notes them",
+    ),
+    ActionSpec(
         "act_record",
         "Re&cord every run",
         "recordings.toggle",

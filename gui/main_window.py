@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDockWidget,
     QFileDialog,
+    QInputDialog,
     QLabel,
     QLineEdit,
     QMainWindow,
@@ -34,6 +35,7 @@ from torchmem.events import (
     RunStatus,
 )
 from torchmem.leaks.oom import explain_oom
+from torchmem.probe.allocator import allocator_env, check_allocator_conf
 from torchmem.probe.commands import COMMANDS
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.probe.sampler import MAX_HZ, MIN_HZ
@@ -88,6 +90,8 @@ class MainWindow(QMainWindow):
         self.cwd: str | None = None
         self.last_result: RunFinished | None = None
         self.force_exit_needed = False
+        #: PYTORCH_CUDA_ALLOC_CONF of the next runs ("" for the allocator's defaults).
+        self.allocator_conf = ""
         self._oom_dialog: OomDialog | None = None
 
         self.setWindowTitle("torchmem")
@@ -276,6 +280,7 @@ class MainWindow(QMainWindow):
         for act in (self.act_run, self.act_stop, self.act_rerun, self.act_abandon):
             m.addAction(act)
         m.addAction(self.act_isolated)
+        m.addAction(self.act_allocator)
         m.addAction(self.act_record)
         m.addAction(self.act_tune)
         m.addSeparator()
@@ -333,7 +338,7 @@ class MainWindow(QMainWindow):
             "between launches). Uncheck it to run them in a background thread of this window."
         )
         self.mode_label.setVisible(False)
-        self.act_isolated.toggled.connect(self.mode_label.setVisible)
+        self.act_isolated.toggled.connect(lambda _checked: self._show_mode())
         sb.addPermanentWidget(self.mode_label)
         sb.addPermanentWidget(self.run_label)
         sb.addPermanentWidget(self.samples_label)
@@ -408,6 +413,11 @@ class MainWindow(QMainWindow):
         self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
         self.source.configure_leaks(load_leak_settings(s))
         self.act_isolated.setChecked(s.value("run/isolated", False) in (True, "true"))
+        try:
+            self.allocator_conf = check_allocator_conf(str(s.value("run/allocator", "")))
+        except ValueError:
+            self.allocator_conf = ""  # a hand-edited setting PyTorch would not read
+        self._show_mode()
         self.recordings.restore(s)
         auto = s.value("census/auto", True)
         self.tensors.auto_check.setChecked(auto not in (False, "false"))
@@ -562,7 +572,11 @@ class MainWindow(QMainWindow):
         self._clear_views()
         self.setWindowTitle(f"{Path(self.script).name} – torchmem")
         self.runs.start_script(
-            self.script, self.script_args, self.cwd, self.act_isolated.isChecked()
+            self.script,
+            self.script_args,
+            self.cwd,
+            self.act_isolated.isChecked(),
+            allocator_env(self.allocator_conf),
         )
         self.tensors.referrers = self.target.referrers
         self._update_actions()
@@ -841,6 +855,41 @@ class MainWindow(QMainWindow):
         elif key == "leak":
             self.alerts_dock.show()
             self.alerts_dock.raise_()
+
+    @Slot()
+    def edit_allocator_settings(self) -> None:
+        """Run > Allocator settings: PYTORCH_CUDA_ALLOC_CONF of the next runs, checked."""
+        text, ok = QInputDialog.getText(
+            self,
+            "Allocator settings",
+            "PYTORCH_CUDA_ALLOC_CONF for the next runs (empty: PyTorch's defaults).\n"
+            "E.g. expandable_segments:True or max_split_size_mb:128,"
+            "garbage_collection_threshold:0.8.\nRuns with settings go to a separate process.",
+            text=self.allocator_conf,
+        )
+        if not ok:
+            return
+        try:
+            conf = check_allocator_conf(text)
+        except ValueError as exc:
+            self.show_error(f"Allocator settings not changed: {exc}")
+            return
+        self.allocator_conf = conf
+        self.settings.setValue("run/allocator", conf)
+        self._show_mode()
+        self.statusBar().showMessage(
+            f"Next runs: PYTORCH_CUDA_ALLOC_CONF={conf}, in a separate process"
+            if conf
+            else "Next runs: the allocator's default settings",
+            10000,
+        )
+
+    def _show_mode(self) -> None:
+        """The status bar's mode label: a separate process, and the allocator settings."""
+        conf = self.allocator_conf
+        separate = self.act_isolated.isChecked() or bool(conf)
+        self.mode_label.setText("⧉ separate process" + (f" · {conf}" if conf else ""))
+        self.mode_label.setVisible(separate)
 
     def _on_command_result(self, event: CommandResult) -> None:
         self.statusBar().showMessage(event.message, 15000)

@@ -114,9 +114,19 @@ class RunController(QObject):
         return self.stuck and self.target is self.source
 
     # -- runs -----------------------------------------------------------------------------
-    def start_script(self, script: str, args: list[str], cwd: str | None, isolated: bool) -> None:
+    def start_script(
+        self,
+        script: str,
+        args: list[str],
+        cwd: str | None,
+        isolated: bool,
+        env: dict[str, str] | None = None,
+    ) -> None:
         """Run ``script`` in a QThread: here, or in a child when ``isolated`` (or while an
-        abandoned run still occupies this process)."""
+        abandoned run still occupies this process, or ``env`` sets allocator settings,
+        which only a fresh process honours)."""
+        if env and not isolated:
+            isolated = True
         if self.source.abandoned and not isolated:
             self.session.note(
                 "this process still runs the abandoned script (blocked in a C call): "
@@ -124,7 +134,7 @@ class RunController(QObject):
             )
             isolated = True
         self.target = self.isolated if isolated else self.source
-        worker = ScriptWorker(self.target, script, args, cwd)
+        worker = ScriptWorker(self.target, script, args, cwd, env)
         worker.errored.connect(self.errored)
         self._start(worker, "torchmem-script")
 

@@ -28,19 +28,28 @@ class ScriptWorker(QObject):
     finished = Signal(object)  # RunFinished, or None after an error of torchmem's
     errored = Signal(str)
 
-    def __init__(self, source: ScriptSource, script: str, args: list[str], cwd: str | None) -> None:
+    def __init__(
+        self,
+        source: ScriptSource,
+        script: str,
+        args: list[str],
+        cwd: str | None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         super().__init__()
         self.source = source
         self.script = script
         self.args = args
         self.cwd = cwd
+        self.env = tuple((env or {}).items())
 
     @Slot()
     def run(self) -> None:
         """Run the script to its end (the runner never raises for the script's errors)."""
         result = None
         try:
-            result = self.source.run_script(Script(self.script, tuple(self.args), self.cwd))
+            script = Script(self.script, tuple(self.args), self.cwd, env=self.env)
+            result = self.source.run_script(script)
         except Exception as exc:  # a bug of torchmem's: say it, never hang on "running"
             self.errored.emit(f"{type(exc).__name__}: {exc}")
         finally:

@@ -385,3 +385,27 @@ def test_an_oom_run_explains_itself_in_its_summary_and_its_recording(tmp_path):
     report = _torchmem("report", "--json", str(path))
     again = check_summary(json.loads(report.stdout))
     assert again["oom"]["largest"] == data["oom"]["largest"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", ""),
+        (
+            " expandable_segments:True , max_split_size_mb:128 ",
+            "expandable_segments:True,max_split_size_mb:128",
+        ),
+        ("garbage_collection_threshold:0.8", "garbage_collection_threshold:0.8"),
+        ("expandable_segment:True", "unknown setting 'expandable_segment'"),
+        ("max_split_size_mb:10", "max_split_size_mb must be"),
+        ("garbage_collection_threshold:2", "garbage_collection_threshold must be"),
+        ("expandable_segments", "is not key:value"),
+    ],
+)
+def test_allocator_settings_are_checked_before_a_run(text, expected):
+    from torchmem.probe.allocator import check_allocator_conf
+
+    try:
+        assert check_allocator_conf(text) == expected
+    except ValueError as exc:
+        assert expected in str(exc)

@@ -131,3 +131,37 @@ def test_the_shown_run_exports_as_csv_png_svg_and_json(qtbot, recorded, tmp_path
     bad = tmp_path / "missing-folder" / "run.csv"
     assert not window.recordings.export_to(str(bad))
     assert "Cannot export" in window.banner.text()
+
+
+def test_allocator_settings_reach_a_separate_process_and_its_recording(
+    qtbot, make_window, tmp_path, monkeypatch
+):
+    from PySide6.QtWidgets import QInputDialog
+
+    script = tmp_path / "alloc_conf.py"
+    script.write_text(
+        "import os, torch\n"
+        "print('conf=' + os.environ.get('PYTORCH_CUDA_ALLOC_CONF', ''), flush=True)\n"
+        "model = torch.nn.Linear(8, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(5):\n"
+        "    opt.zero_grad(); model(torch.randn(4, 8)).sum().backward(); opt.step()\n"
+    )
+    window = make_window()
+    answers = iter([("max_split_size_mb:5", True), (" expandable_segments:True ", True)])
+    monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: next(answers))
+    window.edit_allocator_settings()
+    assert "max_split_size_mb must be a whole number of MiB (at least 20)" in window.banner.text()
+    assert window.allocator_conf == ""
+    window.edit_allocator_settings()
+    assert window.allocator_conf == "expandable_segments:True"
+    assert window.mode_label.text() == "⧉ separate process · expandable_segments:True"
+    window.load_script(str(script), [], run=True)
+    qtbot.waitUntil(
+        lambda: window.last_result is not None and not window.running, timeout=RUN_TIMEOUT_MS
+    )
+    window.recordings.recorder.wait_closed()
+    assert window.session.run_started.mode == "isolated"
+    assert "conf=expandable_segments:True" in window.log.toPlainText()
+    (entry,) = list_sessions(sessions_dir())
+    assert entry.meta["allocator"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from torchmem.events import Event, LogRecord, RunFinished, RunStarted, RunStatus, Stream
+from torchmem.probe.allocator import allocator_settings
 from torchmem.probe.steps import ScriptStopped, StepTracker
 
 EXIT_STOPPED = 130  # what a shell reports for a run ended by Ctrl+C
@@ -229,7 +230,9 @@ class ScriptRunner:
         except ScriptError as exc:
             return self._finish(RunStatus.FAILED, 2, str(exc), "", started)
         script_path = str(path / "__main__.py") if path.is_dir() else str(path)
-        self.emit(RunStarted(self.now(), str(path), tuple(self.args)))
+        self.emit(
+            RunStarted(self.now(), str(path), tuple(self.args), allocator=allocator_settings())
+        )
 
         saved_argv, saved_path = sys.argv, list(sys.path)
         saved_out, saved_err = sys.stdout, sys.stderr

@@ -30,6 +30,7 @@ from typing import Any
 
 from torchmem import __version__
 from torchmem.events import CensusTaken, Event, Marker, MarkerKind, Sample
+from torchmem.probe.allocator import allocator_settings
 from torchmem.record import store
 from torchmem.session import Session
 
@@ -44,8 +45,6 @@ MAX_PENDING = 50_000
 #: thousands a second; the traces' step axis interpolates between boundaries anyway, and the
 #: newest boundary is always written at the next commit, so the step count stays exact.
 STEP_SPACING_S = 0.05
-#: Environment variables of the allocators whose settings a session records.
-ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
 _STOP = object()
 
@@ -68,7 +67,7 @@ def environment_facts() -> dict[str, Any]:
         "platform": platform.platform(terse=True),
         "host": socket.gethostname(),
         "user": user,
-        "allocator": {k: os.environ[k] for k in ALLOCATOR_VARIABLES if k in os.environ},
+        "allocator": allocator_settings(),
     }
 
 
@@ -124,6 +123,11 @@ class Recorder:
             self._queue.put_nowait(event)
         except queue.Full:
             self.dropped += 1
+
+    def update_meta(self, facts: dict[str, Any]) -> None:
+        """Set facts learnt during the run (written in order with the events)."""
+        if not self._closed:
+            self._queue.put(("meta", dict(facts)))
 
     def close(self, final_meta: dict[str, Any] | None = None) -> None:
         """Write what is queued and ``final_meta`` (the run's summary), mark the session

@@ -84,6 +84,8 @@ class RunRecorder:
         with self._lock:
             if self.current is not None:  # a run's start said twice (isolated, its child)
                 self.current.on_event(started)
+                if started.allocator:
+                    self.current.update_meta({"allocator": dict(started.allocator)})
                 return
             early, self._early = list(self._early), deque(maxlen=EARLY_EVENTS)
             if not self.enabled:
@@ -96,6 +98,7 @@ class RunRecorder:
                     path, self.session, _KINDS.get(started.mode, "run"), started.script,
                     started.argv, on_problem=self._on_problem, subscribe=False,
                     mode=started.mode, **facts,
+                    **({"allocator": dict(started.allocator)} if started.allocator else {}),
                 )  # fmt: skip
             except RecordError as exc:
                 if self._on_problem:

@@ -29,6 +29,9 @@ class Script:
     args: tuple[str, ...] = ()
     cwd: str | None = None
     capture_output: bool = True
+    #: Variables set for this run only (allocator settings): honoured by a child process;
+    #: a run in this process cannot change an allocator that may already be running.
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @runtime_checkable

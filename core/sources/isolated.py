@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchmem.events import CommandResult, RunFinished, RunStarted, RunStatus
+from torchmem.probe.allocator import ALLOCATOR_ENV
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.probe.runner import EXIT_STOPPED, ScriptError, validate_script
 from torchmem.session import Session
@@ -70,6 +71,7 @@ class IsolatedSource:
         self.process: subprocess.Popen[bytes] | None = None
         self._stop_requested_at: float | None = None
         self.steps_seen = 0
+        self._env: dict[str, str] = {}  # the current run's own variables (allocator settings)
 
     # -- what the window asks of a source ----------------------------------------------------
     @property
@@ -142,8 +144,9 @@ class IsolatedSource:
             sys.executable, "-m", "torchmem", "run", "--attachable", "--quiet",
             "--wait-attach", f"{AGENT_TIMEOUT_S:g}", "--hz", f"{self.hz:g}", str(path), *args,
         ]  # fmt: skip
+        env = dict(script.env)
         with tempfile.TemporaryFile() as errors:
-            return self._run_child(command, path, args, cwd, errors, started)
+            return self._run_child(command, path, args, cwd, errors, started, env)
 
     def _run_child(
         self,
@@ -153,6 +156,7 @@ class IsolatedSource:
         cwd: str | None,
         errors: Any,
         started: float,
+        env: dict[str, str] | None = None,
     ) -> RunFinished:
         s = self.session
         try:
@@ -160,7 +164,7 @@ class IsolatedSource:
                 command,
                 cwd=cwd,
                 # The child ends with this process, even if it is killed (see parent_watch).
-                env={**os.environ, PARENT_ENV: str(os.getpid())},
+                env={**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,  # the agent forwards the output as log records
                 stderr=errors,
@@ -170,7 +174,11 @@ class IsolatedSource:
             return self._finish(
                 RunFinished(s.now(), RunStatus.FAILED, 2, f"cannot start the child: {exc}")
             )
-        s.note(f"isolated run: process {self.process.pid}")
+        s.note(
+            f"isolated run: process {self.process.pid}"
+            + "".join(f", {k}={v}" for k, v in (env or {}).items())
+        )
+        self._env = env or {}
         try:
             self._attach(path, args)
             self._wait_for_exit()
@@ -243,7 +251,10 @@ class IsolatedSource:
         follow(look, threading.Event())
         if self.remote is None and proc.poll() is not None:
             # It died before its agent was up (an import error, a bad interpreter).
-            self.session.submit(RunStarted(self.session.now(), str(path), tuple(args), "isolated"))
+            allocator = {k: v for k, v in self._env.items() if k in ALLOCATOR_ENV}
+            self.session.submit(
+                RunStarted(self.session.now(), str(path), tuple(args), "isolated", allocator)
+            )
 
     def _wait_for_exit(self) -> None:
         proc = self.process
