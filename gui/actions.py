@@ -194,6 +194,14 @@ ACTIONS = (
         "List every live tensor by storage, with names",
     ),
     ActionSpec(
+        "act_census_diff",
+        "Compare two census&es…",
+        "recordings.compare_censuses",
+        None,
+        "Any two censuses of the run shown, by tensor name: what is new, freed and grown "
+        "(from the run's session file, which keeps every census)",
+    ),
+    ActionSpec(
         "act_oom",
         "Explain the &out-of-memory error…",
         "show_oom_report",

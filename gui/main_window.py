@@ -295,6 +295,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_snapshot)
         m.addSeparator()
         m.addAction(self.act_census)
+        m.addAction(self.act_census_diff)
         m.addAction(self.act_oom)
         m.addAction(self.act_leak_settings)
         m = mb.addMenu("&View")

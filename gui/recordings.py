@@ -21,12 +21,14 @@ from PySide6.QtWidgets import QApplication, QFileDialog, QWidget
 from torchmem.cli.report import export_csv, recorded_summary
 from torchmem.cli.summary import run_summary, write_summary
 from torchmem.leaks.oom import explain_oom
+from torchmem.record.census_diff import recorded_censuses
 from torchmem.record.library import DEFAULT_CAP_BYTES
 from torchmem.record.replay import load
 from torchmem.record.runs import RunRecorder
 from torchmem.record.store import RecordError, SessionFile
 from torchmem.session import Session
 
+from .census_diff_dialog import CensusDiffDialog
 from .compare_window import CompareWindow
 from .sessions_dialog import SessionsDialog
 
@@ -168,6 +170,29 @@ class Recordings(QObject):
         window.setAttribute(Qt.WA_DeleteOnClose)
         window.show()
         return window
+
+    @Slot()
+    def compare_censuses(self) -> CensusDiffDialog | None:
+        """Memory > Compare two censuses: any two of the shown run's censuses, by name."""
+        w = self.window
+        source = self.shown_file()
+        try:
+            taken = recorded_censuses(source) if source is not None else []
+        except RecordError as exc:
+            w.show_error(f"Cannot read the censuses: {exc}")
+            return None
+        if len(taken) < 2:
+            w.show_error(
+                "Two censuses are needed: take them with Memory > Take a census (Ctrl+Shift+C) "
+                "at the points to compare, or leave automatic censuses on"
+                + ("" if source is not None else ", with Run > Record every run on"),
+                "info",
+            )
+            return None
+        dialog = CensusDiffDialog(taken, w)
+        dialog.setAttribute(Qt.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
 
     # -- exports ---------------------------------------------------------------------------
     def shown_file(self) -> Path | None:

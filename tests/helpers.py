@@ -26,3 +26,23 @@ def check_summary(data: dict[str, Any]) -> dict[str, Any]:
         f"  {'/'.join(map(str, e.path)) or '(top)'}: {e.message}" for e in errors
     )
     return data
+
+
+def census_of(named: dict[str, list[int]], step: int) -> Any:
+    """A census with storages of the given names and sizes, at fresh addresses each step
+    (as a script's reallocated tensors have)."""
+    from torchmem.tensors.model import Census, StorageInfo, TensorInfo
+
+    storages, address = {}, 4096 * (step * 1000 + 1)
+    for name, sizes in named.items():
+        for nbytes in sizes:
+            key = ("cpu", address)
+            address += 4096
+            tensor = TensorInfo(
+                name=name, kind="plain", shape=(nbytes,), stride=(1,), storage_offset=0,
+                dtype="uint8", device="cpu", numel=nbytes, element_size=1, span_bytes=nbytes,
+                is_view=False, is_contiguous=True, requires_grad=False, is_leaf=True,
+                grad_fn="", pinned=False, storage_key=key,
+            )  # fmt: skip
+            storages[key] = StorageInfo(key, nbytes, [tensor])
+    return Census(storages, [], 0.01, step)

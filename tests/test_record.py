@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import check_summary
+from helpers import census_of, check_summary
 
 from torchmem.cli.report import recorded_summary
 from torchmem.cli.summary import step_time
@@ -409,3 +409,32 @@ def test_allocator_settings_are_checked_before_a_run(text, expected):
         assert check_allocator_conf(text) == expected
     except ValueError as exc:
         assert expected in str(exc)
+
+
+def test_two_censuses_of_a_recorded_run_diff_by_name(tmp_path):
+    from torchmem.record.census_diff import diff_by_name, recorded_censuses
+
+    path = tmp_path / "leaky.tmsession"
+    live = Session()
+    recorder = start_recording(path, live, "run", "leaky.py")
+    first = {"model.fc.weight": [4096], "batch": [1024], "history[*]": [100] * 2}
+    second = {"model.fc.weight": [4096], "batch": [1024], "history[*]": [100] * 12, "cache": [512]}
+    live.submit(CensusTaken(1.0, 10, census_of(first, 10), "step"))
+    live.submit(CensusTaken(2.0, 20, census_of(second, 20), "step"))
+    recorder.close()
+    taken = recorded_censuses(path)
+    assert [t.step for t in taken] == [10, 20]
+    rows = diff_by_name(taken[0].census, taken[1].census)
+    # Reallocated at new addresses, batch and the weight are no change by name.
+    assert [(r.name, r.change, r.delta, r.count_after) for r in rows] == [
+        ("history[*]", "grown", 1000, 12),
+        ("cache", "new", 512, 1),
+    ]
+    listing = _torchmem("report", "--censuses", str(path))
+    assert listing.returncode == 0 and len(listing.stdout.splitlines()) == 3
+    diff = _torchmem("report", "--diff", "1", "2", str(path))
+    assert diff.returncode == 0, diff.stderr
+    assert "  grown     +1,000 B  history[*] x12" in diff.stdout
+    assert "    new       +512 B  cache" in diff.stdout
+    wrong = _torchmem("report", "--diff", "1", "3", str(path))
+    assert wrong.returncode == 2 and "holds censuses 1 to 2" in wrong.stderr

@@ -165,3 +165,31 @@ def test_allocator_settings_reach_a_separate_process_and_its_recording(
     assert "conf=expandable_segments:True" in window.log.toPlainText()
     (entry,) = list_sessions(sessions_dir())
     assert entry.meta["allocator"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_two_censuses_of_the_shown_run_compare_in_a_dialog(qtbot, make_window, tmp_path):
+    from helpers import census_of
+
+    from torchmem.events import CensusTaken, RunStarted
+    from torchmem.record.recorder import start_recording
+    from torchmem.session import Session
+
+    path = tmp_path / "leaky.tmsession"
+    live = Session()
+    recorder = start_recording(path, live, "run", "leaky.py")
+    live.submit(RunStarted(0.0, "leaky.py", ()))
+    live.submit(CensusTaken(1.0, 10, census_of({"w": [4096], "history[*]": [100] * 2}, 10)))
+    live.submit(CensusTaken(2.0, 20, census_of({"w": [4096], "history[*]": [100] * 9}, 20)))
+    recorder.close()
+    window = make_window()
+    assert window.recordings.compare_censuses() is None, "nothing shown yet"
+    assert "Two censuses are needed" in window.banner.text()
+    assert window.recordings.open(str(path))
+    dialog = window.recordings.compare_censuses()
+    qtbot.addWidget(dialog)
+    assert dialog.before.count() == 2 and dialog.after.currentIndex() == 1
+    assert dialog.table.rowCount() == 1
+    row = [dialog.table.item(0, c).text() for c in range(6)]
+    assert row[:2] == ["grown", "history[*]"] and row[4] == "900 B ×9" and row[5] == "+700 B"
+    dialog.after.setCurrentIndex(0)
+    assert dialog.table.rowCount() == 0, "a census against itself: nothing changed"

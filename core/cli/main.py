@@ -155,6 +155,17 @@ def report_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--summary", metavar="JSON", help="also write the JSON summary here")
     p.add_argument("--csv", metavar="FILE", help="export every sample as CSV, a column per trace")
+    p.add_argument(
+        "--censuses", action="store_true", help="list the censuses the session holds, numbered"
+    )
+    p.add_argument(
+        "--diff",
+        nargs=2,
+        type=_positive_int,
+        metavar=("A", "B"),
+        help="compare census A with census B (numbers from --censuses): the tensors new, "
+        "freed and grown, by name",
+    )
     p.add_argument("session", help="the session file (.tmsession)")
     return p
 
@@ -385,7 +396,16 @@ def _has_display() -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``torchmem`` command; returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        # `torchmem report ... | head`: the reader left. Python's own advice: point stdout
+        # at devnull so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["ps"]:
         return _ps(argv[1:])
     if argv[:1] == ["tune"]:
@@ -394,6 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from torchmem.cli.report import report
 
         opts = report_parser().parse_args(argv[1:])
+        if opts.censuses or opts.diff:
+            from torchmem.cli.report import censuses
+
+            return censuses(opts.session, opts.diff)
         return report(opts.session, opts.json, opts.summary, opts.csv)
     if argv[:1] == ["compare"]:
         from torchmem.cli.report import compare

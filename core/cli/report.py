@@ -17,6 +17,7 @@ from typing import Any
 
 from torchmem.cli.summary import run_summary, write_summary
 from torchmem.leaks.oom import explain_oom
+from torchmem.record.census_diff import diff_by_name, recorded_censuses
 from torchmem.record.compare import compare_row, run_labels
 from torchmem.record.library import list_sessions, sessions_dir
 from torchmem.record.replay import Recording, load
@@ -233,4 +234,46 @@ def compare(paths: list[str], as_json: bool) -> int:
             line += f" {text:>20}"
         allocator = ", ".join(f"{k}={v}" for k, v in row.allocator.items()) or "defaults"
         print(f"{line}  {row.alerts:>6}  {allocator}")
+    return 0
+
+
+def censuses(path: str, diff: list[int] | None) -> int:
+    """``torchmem report --censuses`` (the list) and ``--diff A B`` (two of them by name)."""
+    try:
+        taken = recorded_censuses(path)
+    except RecordError as exc:
+        print(f"torchmem: {exc}", file=sys.stderr)
+        return 2
+    if not taken:
+        print(f"torchmem: {path} holds no census (the run took none)", file=sys.stderr)
+        return 1
+    if not diff:
+        print(f"{'#':>3} {'STEP':>7} {'TIME':>9} {'TOTAL':>11} {'STORAGES':>9}  WHY")
+        for i, event in enumerate(taken, start=1):
+            c = event.census
+            print(
+                f"{i:>3} {event.step:>7,} {event.t:>8.1f}s {format_bytes(c.total_bytes()):>11} "
+                f"{len(c.storages):>9,}  {event.trigger}"
+            )
+        return 0
+    a, b = diff
+    if not (1 <= a <= len(taken) and 1 <= b <= len(taken)):
+        print(
+            f"torchmem: {path} holds censuses 1 to {len(taken)}, not {a} and {b} (see --censuses)",
+            file=sys.stderr,
+        )
+        return 2
+    before, after = taken[a - 1], taken[b - 1]
+    rows = diff_by_name(before.census, after.census)
+    total = after.census.total_bytes() - before.census.total_bytes()
+    print(
+        f"census {a} (step {before.step:,}) -> census {b} (step {after.step:,}): "
+        f"{format_bytes(before.census.total_bytes())} -> "
+        f"{format_bytes(after.census.total_bytes())} ({format_bytes(total, signed=True)})"
+    )
+    for row in rows:
+        counts = f" x{row.count_after}" if row.count_after > 1 else ""
+        print(f"{row.change:>7} {format_bytes(row.delta, signed=True):>12}  {row.name}{counts}")
+    if not rows:
+        print("no tensor changed")
     return 0

@@ -36,8 +36,9 @@ from torchmem.session import Session
 
 #: Longest time between two commits (s): what a kill -9 can lose.
 FLUSH_S = 0.5
-#: Storages kept as they are in a recorded census (the rest folded per device and kind).
-CENSUS_TOP = 500
+#: Storages kept as they are in a recorded census (the rest folded per device and kind):
+#: enough that parameters, their gradients and optimizer state stay named in a diff.
+CENSUS_TOP = 2000
 #: Events waiting for the writer before new ones are dropped (and counted): about an hour
 #: of 10 Hz samples, should the disk stall that long.
 MAX_PENDING = 50_000
