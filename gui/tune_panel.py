@@ -108,6 +108,8 @@ class TunePanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        #: Where trials are recorded as sessions (the window's recording setting), or None.
+        self.record_dir: str | None = None
         self.trials: list[Trial] = []
         self.fit: Fit | None = None
         self.result: TuneResult | None = None
@@ -363,7 +365,10 @@ class TunePanel(QWidget):
             raise TuneError(str(exc)) from None
         if budget <= 0 or room >= budget:
             raise TuneError("the headroom leaves nothing of the budget")
-        plan = TrialPlan(script, args, option, self.steps_spin.value(), device, budget)
+        plan = TrialPlan(
+            script, args, option, self.steps_spin.value(), device, budget,
+            record_dir=self.record_dir,
+        )  # fmt: skip
         return plan, budget - room, room
 
     # -- the search -----------------------------------------------------------------------------

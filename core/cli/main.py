@@ -245,6 +245,12 @@ def tune_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-trials", type=_positive_int, default=10, help="give up after N trials (10)"
     )
+    p.add_argument(
+        "--record-trials",
+        action="store_true",
+        help="record each trial as a session (see `torchmem sessions`; compare two with "
+        "`torchmem compare`)",
+    )
     _outputs(p, "the search and its trials", quiet="no progress or closing lines")
     p.add_argument("--cwd", help="working directory for the script (default: unchanged)")
     p.add_argument("script", help="the training script to tune")
@@ -283,6 +289,7 @@ def _tune(argv: list[str]) -> int:
         summary_path=opts.summary,
         cwd=opts.cwd,
         quiet=opts.quiet,
+        record_trials=opts.record_trials,
     )
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import psutil
 
 from torchmem.cli.summary import build_summary, write_summary
 from torchmem.probe.runner import ScriptError, validate_script
+from torchmem.record.library import sessions_dir
 from torchmem.tuning.model import Fit
 from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
 from torchmem.tuning.trial import TrialPlan, run_trial, substitute
@@ -82,8 +84,10 @@ def tune_headless(
     summary_path: str | None = None,
     cwd: str | None = None,
     quiet: bool = False,
+    record_trials: bool = False,
 ) -> int:
-    """Run the search from the command line; the exit code says whether a size fits."""
+    """Run the search from the command line; the exit code says whether a size fits.
+    With ``record_trials``, each trial is a recorded session of the sessions folder."""
     say = (lambda text: None) if quiet else (lambda text: sys.stderr.write(text + "\n"))
     try:
         path = str(validate_script(script))
@@ -99,7 +103,9 @@ def tune_headless(
     except (ScriptError, TuneError, ValueError) as exc:
         sys.stderr.write(f"torchmem: {exc}\n")
         return EXIT_USAGE
+    record_dir = str(sessions_dir()) if record_trials else None
     plan = TrialPlan(path, tuple(args), batch_arg, steps, device, budget_bytes, cwd)
+    plan = replace(plan, record_dir=record_dir)
     limit = budget_bytes - room
     say(
         f"torchmem: tuning {batch_arg} of {script} in {minimum}..{maximum} on {device}: "

@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 
 from torchmem.probe.parent_watch import PARENT_ENV
+from torchmem.record.library import new_session_path
 from torchmem.tuning.search import Trial, TuneCancelled, TuneError
 
 #: How often a running trial's RSS is checked against the budget (CPU).
@@ -48,6 +49,8 @@ class TrialPlan:
     budget_bytes: int = 0
     cwd: str | None = None
     timeout_s: float = 900.0
+    #: Where each trial is recorded as a session of its own (None: not recorded).
+    record_dir: str | None = None
 
     @property
     def on_cpu(self) -> bool:
@@ -95,9 +98,13 @@ def without_option(args: Sequence[str], option: str) -> list[str]:
 
 def trial_command(plan: TrialPlan, batch: int, summary: str) -> list[str]:
     """The command line of one trial (shown to the user as what was run)."""
+    record = []
+    if plan.record_dir:
+        path = new_session_path(f"{Path(plan.script).stem}-batch{batch}", Path(plan.record_dir))
+        record = ["--record", str(path)]
     return [
         sys.executable, "-m", "torchmem", "run", "--quiet", "--summary", summary,
-        "--max-steps", str(plan.steps + 1), "--hz", "20",
+        "--max-steps", str(plan.steps + 1), "--hz", "20", *record,
         plan.script, *substitute(plan.args, plan.batch_arg, batch),
     ]  # fmt: skip
 
