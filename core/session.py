@@ -90,6 +90,16 @@ class Session:
             self.t0 = time.monotonic()
             self._init_state()
 
+    def load_history(self, series: dict[str, SeriesBuffer], steps: StepClock, samples: int) -> None:
+        """Take the series and step clock of a long recording whole (the one bulk path
+        into a Session: replaying a week of samples one event at a time takes minutes).
+        Views see it as any change: the revision moves."""
+        with self._lock:
+            self.series = dict(series)
+            self.steps = steps
+            self.samples = samples
+            self.revision += 1
+
     # -- events -----------------------------------------------------------------------
     def mute(self, key: str) -> None:
         """Stop showing alerts with this key (``leak:cpu/rss``): the current one goes, and

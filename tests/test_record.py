@@ -69,7 +69,7 @@ def _play_run(session: Session) -> None:
         session.submit(Sample(t, {"cpu/rss": 1e8 + step * 1e6, "cuda:0/allocated": 5e8 + step}))
         session.submit(Marker(t, MarkerKind.STEP, step=step))
         if step == 10:
-            session.submit(CensusTaken(t, step, _census(700, step), trigger="step"))
+            session.submit(CensusTaken(t, step, _census(2500, step), trigger="step"))
             session.submit(Marker(t, MarkerKind.EPOCH, "epoch 2", step))
             session.submit(LogRecord(t, Stream.STDOUT, "half way"))
     session.submit(
@@ -271,7 +271,7 @@ def test_a_loop_of_tiny_steps_is_recorded_thinned_with_its_step_count_and_time_e
         live.submit(Marker(step * 1e-4, MarkerKind.STEP, step=step))
     recorder.close()
     with SessionFile(path) as file:
-        markers = file.conn.execute("SELECT count(*) FROM events WHERE kind = 'Marker'")
+        markers = file.conn.execute("SELECT count(*) FROM events WHERE kind = 'Marker:step'")
         assert markers.fetchone()[0] <= 1 / 0.05 + 2
     again = load(path).session
     assert again.steps.steps == 10_000
@@ -438,3 +438,37 @@ def test_two_censuses_of_a_recorded_run_diff_by_name(tmp_path):
     assert "    new       +512 B  cache" in diff.stdout
     wrong = _torchmem("report", "--diff", "1", "3", str(path))
     assert wrong.returncode == 2 and "holds censuses 1 to 2" in wrong.stderr
+
+
+def test_a_long_recording_reopens_from_its_overview_with_the_same_figures(tmp_path, monkeypatch):
+    from torchmem.record import replay
+
+    path = tmp_path / "long.tmsession"
+    live = Session()
+    recorder = start_recording(path, live, "run", "long.py")
+    live.submit(RunStarted(0.0, "long.py", ()))
+    for i in range(20_000):  # a long run, in miniature
+        t = i * 0.1
+        live.submit(Sample(t, {"cpu/rss": 1e8 + (i % 997) * 1e5 + (5e8 if i == 4321 else 0)}))
+        live.submit(Marker(t, MarkerKind.STEP, step=i + 1))
+        if i % 50 == 0:
+            live.submit(LogRecord(t, Stream.STDOUT, f"step {i}"))
+    live.submit(Marker(10.0, MarkerKind.EPOCH, "epoch 2", 100))
+    live.submit(RunFinished(2000.0, RunStatus.FINISHED, 0, "finished", duration_s=2000.0))
+    recorder.close()
+    full = load(path).session
+    monkeypatch.setattr(replay, "OVERVIEW_ABOVE", 1_000)
+    quick = load(path).session
+    assert quick.samples == full.samples == 20_000
+    # The one spike, long folded into a bucket, survives as the peak.
+    assert quick.peak_bytes() == full.peak_bytes() == {"cpu_rss": 1e8 + 333 * 1e5 + 5e8}
+    assert quick.steps.steps == full.steps.steps == 20_000
+    assert quick.latest()["cpu/rss"] == full.latest()["cpu/rss"]
+    assert [m.label for m in quick.user_markers()] == ["epoch 2"]
+    assert quick.run_finished.status is RunStatus.FINISHED
+    assert [r.text for r in quick.logs][-1] == "step 19950"
+    # The recent window is exact: the last 6000 readings at full rate.
+    t_full, v_full = full.arrays("cpu/rss")
+    t_quick, v_quick = quick.arrays("cpu/rss")
+    assert t_quick[-6000:].tolist() == t_full[-6000:].tolist()
+    assert v_quick[-6000:].tolist() == v_full[-6000:].tolist()

@@ -32,6 +32,7 @@ from torchmem import __version__
 from torchmem.events import CensusTaken, Event, Marker, MarkerKind, Sample
 from torchmem.probe.allocator import allocator_settings
 from torchmem.record import store
+from torchmem.record.overview import OverviewBuilder
 from torchmem.session import Session
 
 #: Longest time between two commits (s): what a kill -9 can lose.
@@ -96,6 +97,7 @@ class Recorder:
         self._seq = 0
         self._last_step_t = -1.0
         self._held_step: Marker | None = None  # the newest boundary not yet written
+        self._overview = OverviewBuilder()
         self._unsubscribe: Callable[[], None] | None = None
         self._closed = False
         #: Why the recording stopped early, or None while it is healthy.
@@ -158,7 +160,7 @@ class Recorder:
             except queue.Empty:
                 item = None
             if item is _STOP:
-                self._flush(batch)
+                self._flush(batch, overview=True)
                 return
             if item is not None:
                 batch.append(item)
@@ -167,8 +169,8 @@ class Recorder:
                 batch = []
                 deadline = time.monotonic() + FLUSH_S
 
-    def _flush(self, batch: list[Any]) -> None:
-        if (not batch and self._held_step is None) or self.error is not None:
+    def _flush(self, batch: list[Any], overview: bool = False) -> None:
+        if (not batch and self._held_step is None and not overview) or self.error is not None:
             return
         try:
             self._conn.execute("BEGIN")
@@ -176,6 +178,8 @@ class Recorder:
                 self._write(item)
             if self._held_step is not None:
                 self._write(self._held_step, thin=False)
+            if overview or self._overview.due():
+                self._overview.write(self._conn)
             self._conn.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:
             self._fail(exc)
@@ -188,11 +192,17 @@ class Recorder:
                 [(k, json.dumps(v)) for k, v in item[1].items()],
             )
             return
+        kind = type(item).__name__
         if isinstance(item, Marker) and item.kind is MarkerKind.STEP:
-            if thin and item.t - self._last_step_t < STEP_SPACING_S:
-                self._held_step = item
-                return
+            if thin:
+                self._overview.add_step(item.t, item.step)
+                # Closer together early on, further apart in a long run: the file holds
+                # about 20,000 boundaries per factor e of run time.
+                if item.t - self._last_step_t < max(STEP_SPACING_S, item.t / 20_000):
+                    self._held_step = item
+                    return
             self._last_step_t, self._held_step = item.t, None
+            kind = "Marker:step"
         self._seq += 1
         if isinstance(item, Sample):
             for key in item.values:
@@ -201,6 +211,7 @@ class Recorder:
                     conn.execute(
                         "INSERT INTO series (id, key) VALUES (?, ?)", (self._series[key], key)
                     )
+            self._overview.add_sample(item)
             conn.execute(
                 "INSERT INTO samples (seq, t, step, vals) VALUES (?, ?, ?, ?)",
                 (self._seq, item.t, item.step, store.pack_sample(item, self._series)),
@@ -215,7 +226,7 @@ class Recorder:
                 return
             conn.execute(
                 "INSERT INTO events (seq, t, kind, data) VALUES (?, ?, ?, ?)",
-                (self._seq, item.t, type(item).__name__, data),
+                (self._seq, item.t, kind, data),
             )
         self.written += 1
 

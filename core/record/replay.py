@@ -13,10 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from torchmem.events import RunFinished, Sample
+from torchmem.record.overview import OVERVIEW_ABOVE, read_overview, seed_session
 from torchmem.record.store import RecordError, SessionFile
 from torchmem.session import Session
 
 __all__ = ["RecordError", "Recording", "load"]
+
+#: What a long run's reopening reads of its events, by kind (0: all): what a Session keeps.
+TAIL = {
+    "RunStarted": 0, "RunFinished": 0, "Marker": 0, "LogRecord": 20_000, "Alert": 2_000,
+    "CommandResult": 500, "CensusTaken": 100,
+}  # fmt: skip
 
 
 @dataclass
@@ -55,10 +62,18 @@ def load(path: str | Path, session: Session | None = None) -> Recording:
         session = session if session is not None else Session()
         problems: list[str] = []
         last_t = 0.0
-        for event in file.events(problems):
-            session.submit(event)
-            if isinstance(event, Sample):
-                last_t = max(last_t, event.t)
+        samples, _ = file.span()
+        overview = read_overview(file.conn) if samples > OVERVIEW_ABOVE else None
+        if overview is not None:
+            # A long run: its overview, then the events a Session keeps of it.
+            last_t = seed_session(session, overview)
+            for event in file.event_tail(TAIL, problems):
+                session.submit(event)
+        else:
+            for event in file.events(problems):
+                session.submit(event)
+                if isinstance(event, Sample):
+                    last_t = max(last_t, event.t)
     recording = Recording(Path(path), session, meta, problems, last_t)
     if not meta.get("complete") and session.samples == 0 and not problems:
         problems.append("it holds no sample: the run was stopped before its first reading")

@@ -43,6 +43,8 @@ CREATE TABLE samples (seq INTEGER PRIMARY KEY, t REAL NOT NULL, step INTEGER,
                       vals BLOB NOT NULL);
 CREATE TABLE events (seq INTEGER PRIMARY KEY, t REAL NOT NULL, kind TEXT NOT NULL,
                      data BLOB NOT NULL);
+CREATE INDEX events_kind ON events (kind, seq);
+CREATE TABLE overview (key TEXT PRIMARY KEY, data BLOB NOT NULL);
 """
 
 
@@ -202,6 +204,35 @@ class SessionFile:
         except sqlite3.DatabaseError as exc:
             raise RecordError(f"{self.path}: its samples cannot be read ({exc})") from None
         return int(n), float(last or 0.0)
+
+    def event_tail(self, limits: dict[str, int], problems: list[str]) -> Iterator[Event]:
+        """The newest events of each kind in ``limits`` (kind -> how many; 0 for all), in
+        their order: what a Session keeps of a long run."""
+        seqs: list[int] = []
+        try:
+            for kind, limit in limits.items():
+                query = "SELECT seq FROM events WHERE kind = ? ORDER BY seq DESC"
+                rows = self.conn.execute(
+                    query + (" LIMIT ?" if limit else ""), (kind, limit) if limit else (kind,)
+                )
+                seqs += [seq for (seq,) in rows]
+            seqs.sort()
+            bad = 0
+            for start in range(0, len(seqs), 500):
+                chunk = seqs[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for (data,) in self.conn.execute(
+                    f"SELECT data FROM events WHERE seq IN ({marks}) ORDER BY seq", chunk
+                ):
+                    try:
+                        yield unpack_event(data)
+                    except (ValueError, TypeError, ProtocolError, msgpack.UnpackException,
+                            zlib.error):  # fmt: skip
+                        bad += 1
+            if bad:
+                problems.append(f"{bad} damaged record(s) skipped")
+        except sqlite3.DatabaseError as exc:
+            problems.append(f"the file is damaged; read up to the damage ({exc})")
 
     def series_keys(self) -> list[str]:
         """The series keys in the order they first appeared."""
