@@ -60,6 +60,18 @@ METRICS: dict[str, Metric] = {
         "(num_alloc_retries): a near-OOM slowdown. A count, not bytes.",
         sparse=True,
     ),
+    "pinned": Metric(
+        "pinned host memory",
+        "Page-locked host memory held by CUDA's pinned allocator, its cache included "
+        "(DataLoader pin_memory, non_blocking copies): part of the RSS that the OS can "
+        "never swap. From torch.cuda.host_memory_stats, once a second.",
+        sparse=True,
+    ),
+    "pinned_active": Metric(
+        "pinned host memory in use",
+        "Pinned host blocks handed out and not yet reusable (active_bytes).",
+        sparse=True,
+    ),
     "inactive_split": Metric(
         "inactive split blocks",
         "Bytes in cached blocks the allocator split and cannot hand out whole "

@@ -126,6 +126,9 @@ class StubCuda:
             "num_ooms": 0,
         }
 
+    def host_memory_stats(self) -> dict[str, int]:
+        return {"allocated_bytes.current": 64 << 20, "active_bytes.current": 16 << 20}
+
     def empty_cache(self) -> None:
         self.calls.append("empty_cache")
         self.reserved = list(self.allocated)

@@ -472,3 +472,17 @@ def test_a_long_recording_reopens_from_its_overview_with_the_same_figures(tmp_pa
     t_quick, v_quick = quick.arrays("cpu/rss")
     assert t_quick[-6000:].tolist() == t_full[-6000:].tolist()
     assert v_quick[-6000:].tolist() == v_full[-6000:].tolist()
+
+
+def test_memory_snapshots_taken_during_a_run_are_listed_by_its_report(tmp_path):
+    from torchmem.events import CommandResult
+
+    path = tmp_path / "snap.tmsession"
+    live = Session()
+    recorder = start_recording(path, live, "run", "train.py")
+    live.submit(RunStarted(0.0, "train.py", ()))
+    live.submit(CommandResult(1.0, "snapshot", True, "written", output="/data/snapshot-1.pickle"))
+    live.submit(CommandResult(2.0, "snapshot", False, "no history"))
+    recorder.close()
+    data = check_summary(recorded_summary(load(path)))
+    assert data["snapshots"] == ["/data/snapshot-1.pickle"]

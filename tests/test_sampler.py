@@ -94,6 +94,8 @@ def test_accelerator_backend_reads_counters_only_once_initialised(stub_cuda):
     # The fragmentation gauge, from memory_stats at most once a second.
     assert values["cuda:0/inactive_split"] == 2 << 20
     assert values["cuda:0/ooms"] == 0 and values["cuda:0/alloc_retries"] == 0
+    # Pinned host memory, from the pinned allocator's stats, on the host's plot.
+    assert values["cpu/pinned"] == 64 << 20 and values["cpu/pinned_active"] == 16 << 20
     stub_cuda.alloc(0, 10 << 20)
     values.clear()
     backend.read(values)

@@ -54,6 +54,11 @@ def recorded_summary(recording: Recording) -> dict[str, Any]:
     oom = explain_oom(recording.session, data["capacity_bytes"])
     if oom is not None:
         data["oom"] = oom.to_json()
+    snapshots = [
+        c.output for c in recording.session.commands if c.command == "snapshot" and c.ok
+    ]
+    if snapshots:
+        data["snapshots"] = snapshots
     data["recording"] = {
         "path": str(recording.path),
         "complete": recording.complete,
@@ -146,6 +151,8 @@ def _text(recording: Recording, data: dict[str, Any]) -> str:
             lines.append(f"          fix: {alert['suggestion']}")
     if not data["alerts"]:
         lines.append("Alerts    none")
+    for path in data.get("snapshots", []):
+        lines.append(f"Snapshot  {path} (drop it on https://pytorch.org/memory_viz)")
     oom = explain_oom(recording.session, data["capacity_bytes"])
     if oom is not None:
         lines += oom.lines()

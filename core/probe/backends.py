@@ -98,6 +98,10 @@ ALLOCATOR_STATS = {
 }
 
 
+#: Figures of ``torch.cuda.host_memory_stats`` (the pinned host allocator), at 1 Hz.
+HOST_STATS = {"pinned": "allocated_bytes.current", "pinned_active": "active_bytes.current"}
+
+
 class TorchAllocatorBackend(MemoryBackend):
     """CUDA or XPU through PyTorch's caching-allocator counters (``torch.cuda``-like API).
 
@@ -140,6 +144,14 @@ class TorchAllocatorBackend(MemoryBackend):
                     value = stats.get(name)
                     if value is not None:
                         out[f"{dev}/{metric}"] = float(value)
+        if stats_due and self.kind == "cuda" and hasattr(m, "host_memory_stats"):
+            # Pinned host memory (DataLoader pin_memory, non_blocking copies): it lives in
+            # the process's RSS, held by CUDA's host allocator and its cache.
+            pinned = m.host_memory_stats()
+            for metric, name in HOST_STATS.items():
+                value = pinned.get(name)
+                if value is not None:
+                    out[f"cpu/{metric}"] = float(value)
 
     def capacity(self) -> dict[str, int]:
         for i in self._active_devices():
