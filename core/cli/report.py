@@ -54,9 +54,7 @@ def recorded_summary(recording: Recording) -> dict[str, Any]:
     oom = explain_oom(recording.session, data["capacity_bytes"])
     if oom is not None:
         data["oom"] = oom.to_json()
-    snapshots = [
-        c.output for c in recording.session.commands if c.command == "snapshot" and c.ok
-    ]
+    snapshots = [c.output for c in recording.session.commands if c.command == "snapshot" and c.ok]
     if snapshots:
         data["snapshots"] = snapshots
     data["recording"] = {
