@@ -30,6 +30,11 @@ pytestmark = pytest.mark.slow
         ),
         ("benchmarks/tune_search.py", ["--quick"], "torchmem (fit + verify)"),
         (
+            "benchmarks/record_overhead.py",
+            ["--blocks", "1", "--steps", "3", "--hours", "0.01"],
+            "defaults + recording",
+        ),
+        (
             "benchmarks/agent_overhead.py",
             ["--blocks", "1", "--steps", "3", "--parts", "1"],
             "agent",
