@@ -486,3 +486,31 @@ def test_memory_snapshots_taken_during_a_run_are_listed_by_its_report(tmp_path):
     recorder.close()
     data = check_summary(recorded_summary(load(path)))
     assert data["snapshots"] == ["/data/snapshot-1.pickle"]
+
+
+def test_a_long_run_cut_short_reopens_with_the_samples_after_its_last_overview(
+    tmp_path, monkeypatch
+):
+    from torchmem.record import overview, replay
+
+    monkeypatch.setattr(overview, "EVERY_S", 0.0)  # an overview at every commit
+    path = tmp_path / "cut.tmsession"
+    live = Session()
+    recorder = start_recording(path, live, "run", "long.py")
+    for i in range(5_000):
+        live.submit(Sample(i * 0.1, {"cpu/rss": 1e8 + i}))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until an overview holds the first part
+        with SessionFile(path) as file:
+            if (file.span()[0] or 0) >= 5_000:
+                break
+    # From here on no overview is written, as after a kill -9 between two of them.
+    monkeypatch.setattr(overview.OverviewBuilder, "write", lambda self, conn: None)
+    for i in range(5_000, 8_000):
+        live.submit(Sample(i * 0.1, {"cpu/rss": 3e8 if i == 7_000 else 1e8 + i}))
+    recorder.close({"complete": False})
+    monkeypatch.setattr(replay, "OVERVIEW_ABOVE", 1_000)
+    quick = load(path).session
+    assert quick.samples == 8_000
+    assert quick.peak_bytes() == {"cpu_rss": 3e8}, "the spike after the last overview"
+    assert quick.latest()["cpu/rss"][0] == 1e8 + 7_999

@@ -24,7 +24,7 @@ from torchmem.session import Session
 from torchmem.timeseries import SeriesBuffer, StepClock
 
 #: How often the recorder rewrites the overview (s); a file cut short by kill -9 reopens
-#: from an overview at most this old plus its newest samples... or by full replay.
+#: from an overview at most this old, then the samples written after it.
 EVERY_S = 30.0
 #: Files with more samples than this reopen from their overview (when they have one).
 OVERVIEW_ABOVE = 200_000
@@ -38,6 +38,8 @@ class OverviewBuilder:
         self.series: dict[str, SeriesBuffer] = {}
         self.steps = StepClock()
         self.samples = 0
+        #: The file's sequence number the overview covers (rows after it are newer).
+        self.seq = 0
         self.last_written = time.monotonic()
 
     def add_sample(self, sample: Sample) -> None:
@@ -65,7 +67,7 @@ class OverviewBuilder:
         t, s = self.steps.boundaries()
         rows.append(("steps", msgpack.packb({"t": t.tobytes(), "s": s.tobytes(),
                                              "steps": self.steps.steps})))  # fmt: skip
-        rows.append(("counts", msgpack.packb({"samples": self.samples})))
+        rows.append(("counts", msgpack.packb({"samples": self.samples, "seq": self.seq})))
         conn.executemany("INSERT OR REPLACE INTO overview (key, data) VALUES (?, ?)", rows)
         self.last_written = time.monotonic()
 

@@ -179,6 +179,7 @@ class Recorder:
             if self._held_step is not None:
                 self._write(self._held_step, thin=False)
             if overview or self._overview.due():
+                self._overview.seq = self._seq
                 self._overview.write(self._conn)
             self._conn.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:

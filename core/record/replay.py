@@ -72,6 +72,11 @@ def load(path: str | Path, session: Session | None = None) -> Recording:
             last_t = seed_session(session, overview)
             for event in file.event_tail(TAIL, problems):
                 session.submit(event)
+            # What came after the overview was last written (a run killed mid-way).
+            for event in file.after(int(overview["counts"].get("seq", 0)), problems):
+                session.submit(event)
+                if isinstance(event, Sample):
+                    last_t = max(last_t, event.t)
         else:
             for event in file.events(problems):
                 session.submit(event)

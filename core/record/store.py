@@ -198,12 +198,17 @@ class SessionFile:
         return out
 
     def span(self) -> tuple[int, float]:
-        """How many samples it holds, and the time of the last one (s)."""
+        """How many samples it holds, and the time of the last one (s). Cheap on a file of
+        millions: the newest row by its key, and the count its overview keeps (counted
+        only where there is none)."""
         try:
-            n, last = self.conn.execute("SELECT count(*), max(t) FROM samples").fetchone()
+            row = self.conn.execute("SELECT t FROM samples ORDER BY seq DESC LIMIT 1").fetchone()
+            n = _overview_count(self.conn)
+            if n is None:
+                (n,) = self.conn.execute("SELECT count(*) FROM samples").fetchone()
         except sqlite3.DatabaseError as exc:
             raise RecordError(f"{self.path}: its samples cannot be read ({exc})") from None
-        return int(n), float(last or 0.0)
+        return int(n), float(row[0]) if row else 0.0
 
     def event_tail(self, limits: dict[str, int], problems: list[str]) -> Iterator[Event]:
         """The newest events of each kind in ``limits`` (kind -> how many; 0 for all), in
@@ -231,6 +236,23 @@ class SessionFile:
                         bad += 1
             if bad:
                 problems.append(f"{bad} damaged record(s) skipped")
+        except sqlite3.DatabaseError as exc:
+            problems.append(f"the file is damaged; read up to the damage ({exc})")
+
+    def after(self, seq: int, problems: list[str]) -> Iterator[Event]:
+        """The samples and step boundaries written after ``seq`` (what an overview, taken
+        at ``seq``, does not hold yet), in order."""
+        try:
+            ids = {i: k for i, k in self.conn.execute("SELECT id, key FROM series")}
+            samples = self.conn.execute(
+                "SELECT seq, t, step, vals FROM samples WHERE seq > ? ORDER BY seq", (seq,)
+            )
+            steps = self.conn.execute(
+                "SELECT seq, kind, data FROM events WHERE kind = 'Marker:step' AND seq > ? "
+                "ORDER BY seq",
+                (seq,),
+            )
+            yield from _merged(samples, steps, ids, problems)
         except sqlite3.DatabaseError as exc:
             problems.append(f"the file is damaged; read up to the damage ({exc})")
 
@@ -265,6 +287,15 @@ class SessionFile:
             yield from _merged(samples, others, ids, problems)
         except sqlite3.DatabaseError as exc:
             problems.append(f"the file is damaged; read up to the damage ({exc})")
+
+
+def _overview_count(conn: sqlite3.Connection) -> int | None:
+    """The sample count the overview holds, if the file has one."""
+    try:
+        row = conn.execute("SELECT data FROM overview WHERE key = 'counts'").fetchone()
+        return int(msgpack.unpackb(row[0])["samples"]) if row else None
+    except (sqlite3.DatabaseError, ValueError, KeyError, TypeError, msgpack.UnpackException):
+        return None
 
 
 def _merged(
