@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
             "census",
         ),
         ("benchmarks/tune_search.py", ["--quick"], "torchmem (fit + verify)"),
+        ("benchmarks/reopen_window.py", ["--hours", "0.01"], "first drawn frame"),
         (
             "benchmarks/record_overhead.py",
             ["--blocks", "1", "--steps", "3", "--hours", "0.01"],

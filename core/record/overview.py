@@ -26,8 +26,10 @@ from torchmem.timeseries import SeriesBuffer, StepClock
 #: How often the recorder rewrites the overview (s); a file cut short by kill -9 reopens
 #: from an overview at most this old, then the samples written after it.
 EVERY_S = 30.0
-#: Files with more samples than this reopen from their overview (when they have one).
-OVERVIEW_ABOVE = 200_000
+#: Files with more samples than this (about half an hour at 10 Hz) reopen from their
+#: overview, when they have one: replaying every event through the window's Session costs
+#: about 0.1 ms each (an hour took 3.4 s), the overview a bounded fraction of a second.
+OVERVIEW_ABOVE = 20_000
 
 
 class OverviewBuilder:
