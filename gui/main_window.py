@@ -667,7 +667,6 @@ class MainWindow(QMainWindow):
         """The Tune panel, made on first use."""
         if self._tune is None:
             self._tune = TunePanel()
-            self._tune.record_dir = self.recordings.trials_dir()
             self._tune.use_batch_size.connect(self._use_batch_size)
             self.tune_dock.setWidget(self._tune)
         return self._tune

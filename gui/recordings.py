@@ -22,7 +22,7 @@ from torchmem.cli.report import export_csv, recorded_summary
 from torchmem.cli.summary import run_summary, write_summary
 from torchmem.leaks.oom import explain_oom
 from torchmem.record.census_diff import recorded_censuses
-from torchmem.record.library import DEFAULT_CAP_BYTES, sessions_dir
+from torchmem.record.library import DEFAULT_CAP_BYTES
 from torchmem.record.replay import load
 from torchmem.record.runs import RunRecorder
 from torchmem.record.store import RecordError, SessionFile
@@ -68,8 +68,6 @@ class Recordings(QObject):
         enabled = settings.value("record/enabled", True) not in (False, "false")
         self.window.act_record.setChecked(enabled)
         self.recorder.enabled = enabled
-        if self.window._tune is not None:
-            self.window._tune.record_dir = self.trials_dir()
         cap_gib = settings.value("record/cap_gib", DEFAULT_CAP_BYTES / 1024**3)
         # A hand-edited setting that is not a number keeps the default.
         with contextlib.suppress(TypeError, ValueError):
@@ -80,16 +78,10 @@ class Recordings(QObject):
         """Run > Record every run."""
         self.recorder.enabled = checked
         self.window.settings.setValue("record/enabled", checked)
-        if self.window._tune is not None:
-            self.window._tune.record_dir = self.trials_dir()
         self.window.statusBar().showMessage(
             "Runs are recorded from the next one on" if checked else "Runs are not recorded",
             5000,
         )
-
-    def trials_dir(self) -> str | None:
-        """Where tuning trials are recorded: the sessions folder while runs are."""
-        return str(self.recorder.folder or sessions_dir()) if self.recorder.enabled else None
 
     def close(self) -> None:
         """Close the file being written (the window is closing)."""

@@ -108,7 +108,8 @@ class TunePanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        #: Where trials are recorded as sessions (the window's recording setting), or None.
+        #: Where trials are recorded as sessions, or None (the default: the recorder's own
+        #: memory would count in every trial's peak; `torchmem tune --record-trials` opts in).
         self.record_dir: str | None = None
         self.trials: list[Trial] = []
         self.fit: Fit | None = None

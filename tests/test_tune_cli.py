@@ -53,7 +53,7 @@ def test_linear_memory_recommendation_is_within_5_percent_with_no_oom(tmp_path):
     limit = budget - budget // 10  # the default headroom on CPU: 10%
     true_max = (limit - base) // MiB
     out = tmp_path / "tune.json"
-    r = tune("--budget", str(budget), "--summary", str(out), "--record-trials", LINEAR)
+    r = tune("--budget", str(budget), "--summary", str(out), LINEAR)
     assert r.returncode == 0, r.stderr
     data = check_summary(json.loads(out.read_text()))
     assert data["kind"] == "tune" and data["limit_bytes"] == limit
@@ -67,6 +67,20 @@ def test_linear_memory_recommendation_is_within_5_percent_with_no_oom(tmp_path):
     assert r.stderr.count("torchmem: trial ") == len(data["trials"])
     assert f"recommended --batch-size {data['recommended']}" in r.stderr
     assert f"--batch-size {data['recommended']}" in r.stderr.splitlines()[-1]
+
+
+def test_a_quadratic_script_is_recognised_and_its_recommendation_fits(tmp_path):
+    base = peak_rss_of_one_step(1, tmp_path) - 1 * MiB
+    budget = base + 600 * MiB
+    out = tmp_path / "tune.json"
+    r = tune("--budget", str(budget), "--max-trials", "9", "--summary", str(out),
+             "--record-trials", LINEAR, "--quadratic")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = check_summary(json.loads(out.read_text()))
+    b = data["recommended"]
+    assert base + b * MiB + (b * b // 64) * MiB <= data["limit_bytes"] * 1.02
+    assert data["fit"]["quadratic"], data["fit"]
+    assert "quadratic" in r.stderr
     # --record-trials: each trial is a session of its own, to reopen or compare.
     from torchmem.record.library import list_sessions, sessions_dir
 
@@ -74,21 +88,6 @@ def test_linear_memory_recommendation_is_within_5_percent_with_no_oom(tmp_path):
     assert len(recorded) == len(data["trials"])
     sizes = sorted(int(e.meta["argv"][e.meta["argv"].index("--batch-size") + 1]) for e in recorded)
     assert sizes == sorted(t["batch_size"] for t in data["trials"])
-    assert all(e.status == "finished" for e in recorded)
-
-
-def test_a_quadratic_script_is_recognised_and_its_recommendation_fits(tmp_path):
-    base = peak_rss_of_one_step(1, tmp_path) - 1 * MiB
-    budget = base + 600 * MiB
-    out = tmp_path / "tune.json"
-    r = tune("--budget", str(budget), "--max-trials", "9", "--summary", str(out), LINEAR,
-             "--quadratic")  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    data = check_summary(json.loads(out.read_text()))
-    b = data["recommended"]
-    assert base + b * MiB + (b * b // 64) * MiB <= data["limit_bytes"] * 1.02
-    assert data["fit"]["quadratic"], data["fit"]
-    assert "quadratic" in r.stderr
 
 
 @pytest.mark.parametrize(

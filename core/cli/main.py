@@ -249,7 +249,8 @@ def tune_parser() -> argparse.ArgumentParser:
         "--record-trials",
         action="store_true",
         help="record each trial as a session (see `torchmem sessions`; compare two with "
-        "`torchmem compare`)",
+        "`torchmem compare`); the recorder's own memory then counts in each trial's peak, "
+        "so the recommendation can come out a little lower",
     )
     _outputs(p, "the search and its trials", quiet="no progress or closing lines")
     p.add_argument("--cwd", help="working directory for the script (default: unchanged)")
