@@ -514,3 +514,15 @@ def test_a_long_run_cut_short_reopens_with_the_samples_after_its_last_overview(
     assert quick.samples == 8_000
     assert quick.peak_bytes() == {"cpu_rss": 3e8}, "the spike after the last overview"
     assert quick.latest()["cpu/rss"][0] == 1e8 + 7_999
+
+
+def test_a_run_stopped_by_max_steps_reads_back_as_the_command_line_ended_it(tmp_path):
+    path = tmp_path / "quick.tmsession"
+    live = Session()
+    recorder = start_recording(path, live, "run", "train.py")
+    live.submit(RunStarted(0.0, "train.py", ()))
+    live.submit(RunFinished(1.0, RunStatus.STOPPED, 143, "stopped by the user at step 5"))
+    message = "stopped after 5 steps (--max-steps)"
+    recorder.close({"summary": {"status": "finished", "exit_code": 0, "message": message}})
+    data = check_summary(recorded_summary(load(path)))
+    assert (data["status"], data["exit_code"], data["message"]) == ("finished", 0, message)

@@ -24,10 +24,11 @@ from torchmem.record.replay import Recording, load
 from torchmem.record.store import RecordError, SessionFile
 from torchmem.units import format_bytes, format_duration
 
-#: Keys only the end of a run knows; a report takes them from the stored summary.
+#: Keys only the end of a run knows; a report takes them from the stored summary (a run
+#: stopped by --max-steps ended "finished", exit 0, though its runner said "stopped").
 END_ONLY = (
     "steps", "capacity_bytes", "peak_rss_bytes", "max_steps", "pid", "ranks", "command",
-    "injected", "attached", "snapshots",
+    "injected", "attached", "snapshots", "status", "exit_code", "message",
 )  # fmt: skip
 
 
