@@ -448,17 +448,9 @@ def test_a_remembered_separate_process_mode_is_shown(make_window, settings_path)
 
 
 def test_an_oom_opens_a_report_that_names_the_tensors_in_the_failing_frames(
-    qtbot, window, tmp_path
+    qtbot, window, script_path
 ):
-    script = tmp_path / "oom_in_forward.py"
-    script.write_text(
-        "import torch\n"
-        "model = torch.nn.Linear(256, 1024)\n"
-        "def forward_big(batch):\n"
-        "    hidden = model(torch.randn(batch, 256))\n"
-        "    return hidden, torch.empty(1 << 50, dtype=torch.uint8)\n"
-        "forward_big(2048)\n"
-    )
+    script = script_path("oom_in_forward.py")
     window.load_script(str(script), [], run=True)
     assert finish(qtbot, window).status is RunStatus.OOM
     qtbot.waitUntil(lambda: window._oom_dialog is not None and window._oom_dialog.isVisible())

@@ -365,15 +365,7 @@ def test_a_cuda_oom_report_reads_the_message_and_the_fragmentation():
 
 @pytest.mark.slow
 def test_an_oom_run_explains_itself_in_its_summary_and_its_recording(tmp_path):
-    script = tmp_path / "oom_in_forward.py"
-    script.write_text(
-        "import torch\n"
-        "model = torch.nn.Linear(256, 1024)\n"
-        "def forward_big(batch):\n"
-        "    hidden = model(torch.randn(batch, 256))\n"
-        "    return hidden, torch.empty(1 << 50, dtype=torch.uint8)\n"
-        "forward_big(2048)\n"
-    )
+    script = SCRIPTS / "oom_in_forward.py"
     path, summary = tmp_path / "oom.tmsession", tmp_path / "s.json"
     run = _torchmem("run", "--record", str(path), "--summary", str(summary), str(script))
     assert run.returncode == 1
