@@ -19,6 +19,7 @@ from torchmem.probe.steps import mark
 
 if _TYPE_CHECKING:
     from torchmem.tensors.model import Census
+    from torchmem.tuning.search import TuneResult
 
 
 def census(referrers: bool = True) -> Census:
@@ -49,4 +50,20 @@ def serve(hz: float = 10.0, listen: str | None = None, label: str = "") -> _Any:
     return _serve(hz, listen, label)
 
 
-__all__ = ["__version__", "census", "mark", "serve"]
+def tune(step_fn: _Any, **options: _Any) -> TuneResult:
+    """The largest batch size for which ``step_fn(batch_size)``, one training step,
+    stays under a memory budget: a few trials, a fitted model, a verified answer::
+
+        result = torchmem.tune(train_step, budget="8GiB", device="cuda:0")
+        print(result)   # the recommendation and its reasons
+        result.recommended
+
+    Trials run in child processes; see :func:`torchmem.tuning.function.tune` for the
+    options (range, budget, headroom, steps, rounding, isolation).
+    """
+    from torchmem.tuning.function import tune as _tune
+
+    return _tune(step_fn, **options)
+
+
+__all__ = ["__version__", "census", "mark", "serve", "tune"]

@@ -15,6 +15,7 @@ import json
 import math
 import shlex
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +40,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from torchmem.cli.tune import default_budget, headroom_bytes, tune_summary
+from torchmem.cli.tune import tune_summary
+from torchmem.probe import nvml
 from torchmem.probe.runner import ScriptError, validate_script
+from torchmem.tuning.budget import budget_bytes, default_budget, headroom_bytes
+from torchmem.tuning.function import function_plan, function_spec, plan_function
 from torchmem.tuning.model import Fit
 from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
 from torchmem.tuning.trial import TrialPlan, run_trial, substitute, without_option
-from torchmem.units import UNITS, auto_unit, format_bytes, parse_bytes
+from torchmem.units import UNITS, auto_unit, format_bytes
 
 from .workers import start_in_thread, wait_thread
 
@@ -127,8 +131,12 @@ class TunePanel(QWidget):
     # -- construction -------------------------------------------------------------------------
     def _build_form(self) -> None:
         self.script_edit = QLineEdit()
-        self.script_edit.setPlaceholderText("train.py")
-        self.script_edit.setToolTip("The training script to tune")
+        self.script_edit.setPlaceholderText("train.py, or steps.py:train_step")
+        self.script_edit.setToolTip(
+            "The training script to tune, or a step function as FILE.py:FUNCTION (or "
+            "package.module:FUNCTION): each trial imports it in a fresh process and calls "
+            "it with the batch size, one call a step"
+        )
         self.browse_button = QPushButton("…")
         self.browse_button.setToolTip("Choose the script")
         self.browse_button.clicked.connect(self._browse)
@@ -148,7 +156,7 @@ class TunePanel(QWidget):
         self.min_spin.setToolTip("Smallest batch size to try (the first trial)")
         self.max_spin.setToolTip("Largest batch size the search may recommend")
         self.device_combo = QComboBox()
-        self.device_combo.addItems(["cpu", *_cuda_devices()])
+        self.device_combo.addItems(["cpu", *nvml.cuda_devices()])
         self.device_combo.setToolTip(
             "Whose memory the budget is on: cpu (the trial's peak RSS, as the kernel counts "
             "it) or a CUDA device (the allocator's peak reserved bytes)"
@@ -343,34 +351,34 @@ class TunePanel(QWidget):
     def _plan(self) -> tuple[TrialPlan, int, int]:
         """The trials' plan, the limit and the headroom from the form; TuneError (with
         what to fix) for anything invalid."""
-        try:
-            script = str(validate_script(self.script_edit.text().strip()))
-        except ScriptError as exc:
-            raise TuneError(str(exc)) from None
+        function = function_spec(self.script_edit.text())
+        if function is None:
+            try:
+                script = str(validate_script(self.script_edit.text().strip()))
+            except ScriptError as exc:
+                raise TuneError(str(exc)) from None
         try:
             args = tuple(shlex.split(self.args_edit.text()))
         except ValueError as exc:
             raise TuneError(f"the arguments cannot be read: {exc}") from None
         option = self.batch_edit.text().strip()
-        if not option:
+        if not option and function is None:
             raise TuneError("give the script's batch-size option, e.g. --batch-size")
         if not option.startswith("-"):
             option = "--" + option
         if self.min_spin.value() > self.max_spin.value():
             raise TuneError("the smallest size is above the largest")
         device = self.device_combo.currentText()
-        try:
-            budget = parse_bytes(self.budget_edit.text())
-            room = headroom_bytes(self.headroom_edit.text().strip() or None, budget, device)
-        except ValueError as exc:
-            raise TuneError(str(exc)) from None
-        if budget <= 0 or room >= budget:
-            raise TuneError("the headroom leaves nothing of the budget")
-        plan = TrialPlan(
-            script, args, option, self.steps_spin.value(), device, budget,
-            record_dir=self.record_dir,
-        )  # fmt: skip
-        return plan, budget - room, room
+        text = self.budget_edit.text().strip()
+        if not text:
+            raise TuneError("give a memory budget, e.g. 8GiB")
+        budget = budget_bytes(text, device)
+        room = headroom_bytes(self.headroom_edit.text().strip() or None, budget, device)
+        if function is not None:
+            plan = function_plan(*function, self.steps_spin.value(), device, budget)
+        else:
+            plan = TrialPlan(script, args, option, self.steps_spin.value(), device, budget)
+        return replace(plan, record_dir=self.record_dir), budget - room, room
 
     # -- the search -----------------------------------------------------------------------------
     @property
@@ -395,7 +403,7 @@ class TunePanel(QWidget):
         self.progress.setValue(0)
         self.progress.setFormat("trial 1 of about %m")
         self._say(
-            f"Trials of {Path(self.plan.script).name} must stay under "
+            f"Trials of {self._function() or Path(self.plan.script).name} must stay under "
             f"{format_bytes(self.limit)} (budget {format_bytes(self.plan.budget_bytes)} − "
             f"headroom {format_bytes(room)}). Each trial is a separate process."
         )
@@ -455,7 +463,8 @@ class TunePanel(QWidget):
         self.progress.setFormat(f"{len(self.trials)} trials")
         if result is not None:
             self.fit = result.fit
-            self._say(_explain(result, self.plan.batch_arg if self.plan else ""))
+            option = "batch size" if self._function() or not self.plan else self.plan.batch_arg
+            self._say(_explain(result, option))
         self._redraw()
         self._update_buttons()
 
@@ -467,12 +476,7 @@ class TunePanel(QWidget):
     def _add_row(self, trial: Trial) -> None:
         row = self.table.rowCount()
         self.table.insertRow(row)
-        if trial.oom:
-            verdict = "out of memory"
-        elif not trial.ok:
-            verdict = "failed"
-        else:
-            verdict = "fits" if trial.fits(self.limit) else "over the limit"
+        verdict = trial.verdict(self.limit)
         cells = (
             str(row + 1),
             f"{trial.batch_size:,}",
@@ -511,7 +515,8 @@ class TunePanel(QWidget):
         )
         self._draw_fit(scale)
         self._draw_rates()
-        total = _device_total(plan.device) if plan and not plan.on_cpu else None
+        memory = nvml.device_memory(plan.device) if plan and not plan.on_cpu else None
+        total = memory[1] if memory else None
         for line, value in (
             (self.budget_line, top),
             (self.limit_line, self.limit),
@@ -592,8 +597,9 @@ class TunePanel(QWidget):
         self.start_button.setEnabled(not running)
         self.cancel_button.setEnabled(running)
         done = self.result is not None and not running
-        for button in (self.use_button, self.copy_button):
-            button.setEnabled(done)
+        self.copy_button.setEnabled(done)
+        # A step function has no command line to fill in: copy the call instead.
+        self.use_button.setEnabled(done and not self._function())
         self.export_button.setEnabled(bool(self.trials) and not running)
         for widget in (
             self.script_edit, self.browse_button, self.args_edit, self.batch_edit,
@@ -608,6 +614,10 @@ class TunePanel(QWidget):
         assert self.result is not None and self.plan is not None
         return substitute(self.plan.args, self.plan.batch_arg, self.result.recommended)
 
+    def _function(self) -> str | None:
+        """The step function the last search tuned (``module:function``), or None."""
+        return plan_function(self.plan) if self.plan is not None else None
+
     @Slot()
     def _use(self) -> None:
         if self.result is not None and self.plan is not None:
@@ -616,7 +626,11 @@ class TunePanel(QWidget):
     @Slot()
     def _copy(self) -> None:
         if self.result is not None and self.plan is not None:
-            text = shlex.join(["python", self.plan.script, *self.recommended_args()])
+            function = self._function()
+            if function:
+                text = f"{function.partition(':')[2]}({self.result.recommended})"
+            else:
+                text = shlex.join(["python", self.plan.script, *self.recommended_args()])
             QGuiApplication.clipboard().setText(text)
             self._say(f"Copied: {text}")
 
@@ -670,40 +684,9 @@ def _line(
 
 
 def _explain(result: TuneResult, option: str) -> str:
-    lines = [f"Recommended {option} {result.recommended:,}."]
-    if result.fit is not None:
-        lines.append(f"Memory model: {result.fit.describe()}.")
-    if result.knee is not None:
-        lines.append(
-            f"Throughput knee: {result.knee:,} (within 5% of the best samples/s measured)."
-        )
-    lines += [f"Note: {note}." for note in result.notes]
-    return " ".join(lines)
+    return " ".join(f"{line[0].upper()}{line[1:]}." for line in result.explain(option))
 
 
 def _csv(value: object) -> str:
     text = "" if value is None else str(value)
     return f'"{text}"' if "," in text or '"' in text else text
-
-
-def _device_total(device: str) -> int | None:
-    """The total memory of ``cuda:N`` (NVML), or None where it cannot be read."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        index = int(device.partition(":")[2] or 0)
-        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total)
-    except Exception:
-        return None
-
-
-def _cuda_devices() -> list[str]:
-    """``cuda:N`` for every NVIDIA device NVML sees (no CUDA context is created)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return [f"cuda:{i}" for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:
-        return []

@@ -84,6 +84,7 @@ class StubCuda:
         self.allocated = [0] * devices
         self.reserved = [0] * devices
         self.peak = [0] * devices
+        self.peak_reserved = [0] * devices
         self.total = total
         self.calls: list[str] = []
         self.memory = StubCudaMemory(self)
@@ -106,6 +107,12 @@ class StubCuda:
     def max_memory_allocated(self, i: int) -> int:
         return self.peak[i]
 
+    def max_memory_reserved(self, i: int) -> int:
+        return self.peak_reserved[i]
+
+    def synchronize(self, i: int | None = None) -> None:
+        pass
+
     def get_device_properties(self, i: int) -> SimpleNamespace:
         return SimpleNamespace(total_memory=self.total)
 
@@ -114,6 +121,7 @@ class StubCuda:
         self.allocated[i] += nbytes
         self.reserved[i] = max(self.reserved[i], self.allocated[i] + (2 << 20))
         self.peak[i] = max(self.peak[i], self.allocated[i])
+        self.peak_reserved[i] = max(self.peak_reserved[i], self.reserved[i])
 
     def free(self, i: int, nbytes: int) -> None:
         self.allocated[i] -= nbytes
@@ -136,6 +144,7 @@ class StubCuda:
     def reset_peak_memory_stats(self, i: int) -> None:
         self.calls.append(f"reset_peak_memory_stats({i})")
         self.peak[i] = self.allocated[i]
+        self.peak_reserved[i] = self.reserved[i]
 
 
 class StubCudaMemory:

@@ -100,6 +100,24 @@ def test_bad_input_is_said_in_red_and_starts_nothing(qtbot, panel, script, budge
     assert not panel.running and panel.start_button.isEnabled()
 
 
+def test_a_step_function_is_tuned_by_file_and_name_and_its_call_is_copied(qtbot, panel):
+    fill(panel, script=f"{SCRIPTS / 'step_functions.py'}:linear_step")
+    panel.batch_edit.clear()  # a function takes the size as its argument: no option needed
+    panel.max_spin.setValue(4)
+    assert panel.start(), panel.status.text()
+    assert "linear_step" in panel.status.text()
+    qtbot.waitUntil(lambda: not panel.running, timeout=SEARCH_TIMEOUT_MS)
+    result = panel.result
+    assert result is not None, panel.status.text()
+    assert result.recommended == 4 and all(t.steps == 4 for t in result.trials)
+    assert f"Recommended batch size {result.recommended}" in panel.status.text()
+    assert not panel.use_button.isEnabled()  # no command line to fill in
+    panel.copy_button.click()
+    from PySide6.QtGui import QGuiApplication
+
+    assert QGuiApplication.clipboard().text() == f"linear_step({result.recommended})"
+
+
 def test_a_budget_below_batch_size_one_is_reported_and_the_panel_stays_usable(qtbot, panel):
     fill(panel, budget="60 MiB")
     assert panel.start()

@@ -109,7 +109,7 @@ def test_a_budget_smaller_than_the_first_size_is_a_clear_error():
 
 
 def test_a_script_that_fails_at_some_size_is_reported_with_its_message():
-    with pytest.raises(TuneError, match=r"failed at batch size .*shapes mismatch"):
+    with pytest.raises(TuneError, match=r"batch size .* failed: .*shapes mismatch"):
         BatchSearch(Model(100 * MiB, 1 * MiB, fail_at=8), 4 * GiB, 1, 4096).run()
 
 
@@ -152,7 +152,7 @@ def test_fit_and_helpers():
 def test_an_accelerator_trial_is_judged_on_peak_reserved_not_rss():
     # What a trial on cuda:0 reads from its child's summary (no GPU here: the summary a
     # CUDA run writes is given as it would be).
-    from torchmem.tuning.trial import TrialPlan, _measured
+    from torchmem.tuning.trial import TrialPlan, measured_trial
 
     plan = TrialPlan("train.py", (), "--batch-size", steps=3, device="cuda:0", budget_bytes=8 * GiB)
     summary = {
@@ -163,12 +163,12 @@ def test_an_accelerator_trial_is_judged_on_peak_reserved_not_rss():
         "peak_reserved_bytes": {"cuda:0": 4 * GiB},
         "peak_rss_bytes": 2 * GiB,
     }
-    trial = _measured(plan, 64, 0, 0, None, summary, "", 6.0)
+    trial = measured_trial(plan, 64, 0, 0, None, summary, "", 6.0)
     assert trial.ok and trial.peak_bytes == 4 * GiB
     assert trial.peak_allocated_bytes == 3 * GiB and trial.peak_reserved_bytes == 4 * GiB
     assert trial.samples_per_s == 128
-    oom = _measured(plan, 128, 1, 0, None, {**summary, "status": "out of memory"}, "", 3.0)
+    oom = measured_trial(plan, 128, 1, 0, None, {**summary, "status": "out of memory"}, "", 3.0)
     assert oom.oom and not oom.ok
     cpu_only = {**summary, "peak_bytes": {"cpu_rss": 2 * GiB}, "peak_reserved_bytes": {}}
-    unused = _measured(plan, 64, 0, 0, None, cpu_only, "", 6.0)
+    unused = measured_trial(plan, 64, 0, 0, None, cpu_only, "", 6.0)
     assert not unused.ok and not unused.oom and "no cuda:0 memory" in unused.message

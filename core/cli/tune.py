@@ -15,58 +15,20 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import psutil
-
 from torchmem.cli.summary import build_summary, write_summary
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.record.library import sessions_dir
+from torchmem.tuning.budget import budget_bytes, headroom_bytes
+from torchmem.tuning.function import function_plan, function_spec, plan_function
 from torchmem.tuning.model import Fit
 from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
 from torchmem.tuning.trial import TrialPlan, run_trial, substitute
-from torchmem.units import format_bytes, parse_bytes
+from torchmem.units import format_bytes
 
 #: Exit codes: a recommendation (0), none possible (1), bad options or script (2),
 #: interrupted (130).
 EXIT_NO_FIT = 1
 EXIT_USAGE = 2
-
-
-def default_budget(device: str) -> int:
-    """Half of the RAM available now (CPU), or the device's free memory (NVML, so that
-    asking creates no CUDA context here). TuneError when it cannot be known."""
-    if device == "cpu":
-        return psutil.virtual_memory().available // 2
-    kind, _, index = device.partition(":")
-    if kind == "cuda":
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(index or 0))
-            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
-        except Exception as exc:
-            raise TuneError(
-                f"cannot read the free memory of {device} ({exc}): give --budget"
-            ) from None
-    raise TuneError(f"no default budget for {device}: give --budget")
-
-
-def headroom_bytes(text: str | None, budget: int, device: str) -> int:
-    """``10%`` of the budget, a size (``1GiB``), or the default: 10% on CPU,
-    max(10%, 1 GiB) on accelerators (their allocator fragments)."""
-    if text is None:
-        share = budget // 10
-        return share if device == "cpu" else max(share, 1 << 30)
-    text = text.strip()
-    if text.endswith("%"):
-        try:
-            value = float(text[:-1])
-        except ValueError:
-            raise TuneError(f"not a percentage: {text!r}") from None
-        if not 0 <= value < 100:
-            raise TuneError(f"the headroom must be 0-99%, not {text}")
-        return int(budget * value / 100)
-    return parse_bytes(text)
 
 
 def tune_headless(
@@ -90,26 +52,27 @@ def tune_headless(
     With ``record_trials``, each trial is a recorded session of the sessions folder."""
     say = (lambda text: None) if quiet else (lambda text: sys.stderr.write(text + "\n"))
     try:
-        path = str(validate_script(script))
+        function = function_spec(script)
+        if function is None:
+            path = str(validate_script(script))
         if not batch_arg.startswith("-"):
             batch_arg = "--" + batch_arg
-        budget_bytes = parse_bytes(budget) if budget else default_budget(device)
-        room = headroom_bytes(headroom, budget_bytes, device)
-        if room >= budget_bytes:
-            raise TuneError(
-                f"the headroom ({format_bytes(room)}) leaves nothing of the budget "
-                f"({format_bytes(budget_bytes)})"
-            )
+        total = budget_bytes(budget, device)
+        room = headroom_bytes(headroom, total, device)
     except (ScriptError, TuneError, ValueError) as exc:
         sys.stderr.write(f"torchmem: {exc}\n")
         return EXIT_USAGE
-    record_dir = str(sessions_dir()) if record_trials else None
-    plan = TrialPlan(path, tuple(args), batch_arg, steps, device, budget_bytes, cwd)
-    plan = replace(plan, record_dir=record_dir)
-    limit = budget_bytes - room
+    if function is not None:
+        plan = function_plan(*function, steps, device, total, cwd)
+        batch_arg = plan.batch_arg
+    else:
+        plan = TrialPlan(path, tuple(args), batch_arg, steps, device, total, cwd)
+    plan = replace(plan, record_dir=str(sessions_dir()) if record_trials else None)
+    limit = total - room
     say(
-        f"torchmem: tuning {batch_arg} of {script} in {minimum}..{maximum} on {device}: "
-        f"budget {format_bytes(budget_bytes)}, headroom {format_bytes(room)}, "
+        f"torchmem: tuning {script if function else f'{batch_arg} of {script}'} in "
+        f"{minimum}..{maximum} on {device}: "
+        f"budget {format_bytes(total)}, headroom {format_bytes(room)}, "
         f"so at most {format_bytes(limit)} per trial ({steps} measured steps each)"
     )
     cancel = threading.Event()
@@ -119,7 +82,11 @@ def tune_headless(
         return run_trial(plan, batch, cancel)
 
     def on_trial(trial: Trial, fit: Fit | None) -> None:
-        say(_trial_line(len(search.trials), trial, limit))
+        say(
+            f"torchmem: trial {len(search.trials)}: {trial.describe(limit)}".replace(
+                "\n  ", "\ntorchmem:   "
+            )
+        )
 
     search = BatchSearch(
         measure,
@@ -155,42 +122,16 @@ def tune_headless(
     return 0
 
 
-def _trial_line(n: int, trial: Trial, limit: float) -> str:
-    peak = format_bytes(trial.peak_bytes) if trial.peak_bytes is not None else "-"
-    if trial.oom:
-        verdict = "OUT OF MEMORY"
-    elif not trial.ok:
-        verdict = "failed"
-    else:
-        verdict = "fits" if trial.fits(limit) else "over the limit"
-    rate = f", {trial.samples_per_s:,.0f} samples/s" if trial.samples_per_s else ""
-    predicted = (
-        f" (predicted {format_bytes(trial.predicted_bytes)})" if trial.predicted_bytes else ""
-    )
-    line = (
-        f"torchmem: trial {n}: batch {trial.batch_size} ({trial.role}): peak {peak}"
-        f"{predicted}, {verdict}{rate} [{trial.duration_s:.1f} s]"
-    )
-    return line + (f"\ntorchmem:   {trial.message}" if trial.message else "")
-
-
 def _report(result: TuneResult, plan: TrialPlan) -> str:
+    function = plan_function(plan)
     lines = [
-        f"torchmem: recommended {plan.batch_arg} {result.recommended} "
-        f"({len(result.trials)} trials, {result.ooms} out of memory); largest measured to "
-        f"fit: {result.max_fitting}"
-        + (f", model's prediction: {result.predicted}" if result.predicted else "")
+        f"torchmem: {line}" for line in result.explain("batch size" if function else plan.batch_arg)
     ]
-    if result.fit is not None:
-        lines.append(f"torchmem: memory model: {result.fit.describe()}")
-    if result.knee is not None:
-        lines.append(
-            f"torchmem: throughput knee: {result.knee} (within 5% of the best samples/s "
-            "measured; larger sizes buy memory use, not speed)"
-        )
-    lines += [f"torchmem: note: {note}" for note in result.notes]
-    command = " ".join([plan.script, *substitute(plan.args, plan.batch_arg, result.recommended)])
-    lines.append(f"torchmem: run it: python {command}")
+    if function:
+        lines.append(f"torchmem: call it: {function.partition(':')[2]}({result.recommended})")
+    else:
+        args = substitute(plan.args, plan.batch_arg, result.recommended)
+        lines.append(f"torchmem: run it: python {' '.join([plan.script, *args])}")
     return "\n".join(lines)
 
 
@@ -206,6 +147,7 @@ def tune_summary(
     """The search as ``--summary`` (and the Tune panel's export) writes it."""
     fitting = [t.peak_bytes for t in trials if t.fits(limit) and t.peak_bytes is not None]
     metric = "cpu_rss" if plan.on_cpu else plan.device
+    function = plan_function(plan)
     return build_summary(
         "tune",
         None,
@@ -213,8 +155,9 @@ def tune_summary(
         samples=0,
         peak_bytes={metric: max(fitting)} if fitting else {},
         alerts=[],
-        script=plan.script,
-        argv=list(args),
+        script=None if function else plan.script,
+        function=function,
+        argv=[] if function else list(args),
         batch_arg=plan.batch_arg,
         device=plan.device,
         budget_bytes=plan.budget_bytes,

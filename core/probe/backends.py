@@ -354,3 +354,15 @@ def peak_rss() -> int | None:
         return int(peak) if sys.platform == "darwin" else int(peak) * 1024
     except (ImportError, OSError):
         return None
+
+
+def reset_peak_rss() -> bool:
+    """Restart this process's peak RSS (``VmHWM``) from its current RSS, so that
+    :func:`peak_rss` then tells the peak of what follows; False where the kernel cannot
+    (not Linux, or a kernel older than 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak resident set size (proc(5))
+        return True
+    except OSError:
+        return False

@@ -26,7 +26,7 @@ PARENT_ENV = "TORCHMEM_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 
 
-def _set_pdeathsig(sig: int) -> bool:
+def set_pdeathsig(sig: int) -> bool:
     """Ask Linux to send ``sig`` to this process when its parent dies; False elsewhere."""
     if not sys.platform.startswith("linux"):
         return False
@@ -57,7 +57,7 @@ class ParentWatch:
         self.exit_code = exit_code
         self.poll_s = poll_s
         self._stop = threading.Event()
-        self.kernel_guard = _set_pdeathsig(signal.SIGTERM)
+        self.kernel_guard = set_pdeathsig(signal.SIGTERM)
         self._thread = threading.Thread(target=self._run, name="torchmem-parent-watch", daemon=True)
 
     @classmethod

@@ -135,7 +135,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_mark_forked)
 
 
-def _is_oom(exc: BaseException) -> bool:
+def is_oom(exc: BaseException) -> bool:
+    """True for an out-of-memory error of any backend: by type first (``MemoryError``,
+    ``torch.OutOfMemoryError``), then by the message of a ``RuntimeError``."""
     if isinstance(exc, MemoryError):
         return True
     torch = sys.modules.get("torch")
@@ -163,7 +165,7 @@ def classify_exception(exc: BaseException) -> tuple[RunStatus, int, str]:
     The one classifier for runs in the window, ``torchmem run`` and served processes."""
     name = type(exc).__name__
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if _is_oom(exc):
+    if is_oom(exc):
         return (
             RunStatus.OOM,
             1,

@@ -16,6 +16,12 @@ from typing import Any
 from torchmem.events import Marker, MarkerKind
 
 _mark_sinks: list[Callable[[str], None]] = []
+_installed: list[StepTracker] = []
+
+
+def current_tracker() -> StepTracker | None:
+    """The tracker of the run in progress in this process, or None outside a run."""
+    return _installed[-1] if _installed else None
 
 
 def mark(label: str) -> None:
@@ -52,6 +58,7 @@ class StepTracker:
         """Hook torch (if importable) and ``torchmem.mark`` for the run in ``thread_ident``."""
         self._target_thread = thread_ident if thread_ident is not None else threading.get_ident()
         _mark_sinks.append(self._on_mark)
+        _installed.append(self)
         try:
             import torch
             import torch.autograd
@@ -74,6 +81,8 @@ class StepTracker:
         """Remove every hook this tracker installed."""
         if self._on_mark in _mark_sinks:
             _mark_sinks.remove(self._on_mark)
+        if self in _installed:
+            _installed.remove(self)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -88,6 +97,11 @@ class StepTracker:
         self.steps += 1
         self.emit(Marker(self.now(), MarkerKind.STEP, f"step {self.steps}", self.steps))
         self.check_stop()
+
+    def end_step(self) -> None:
+        """End a step now: for code that makes its steps with neither an optimizer nor a
+        backward call (``torchmem.tune``'s driver calling an inference function)."""
+        self._step()
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._primary_optimizer is None:

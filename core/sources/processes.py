@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 
+from torchmem.probe import nvml
 from torchmem.transport.discovery import AgentEntry, list_agents
 
 
@@ -63,30 +64,11 @@ def _is_viewer(cmd: list[str]) -> bool:
     return False
 
 
-def _gpu_bytes_by_pid() -> dict[int, int]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return {}
-    used: dict[int, int] = {}
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if p.usedGpuMemory is not None:
-                    used[p.pid] = used.get(p.pid, 0) + int(p.usedGpuMemory)
-    except Exception:
-        pass
-    return used
-
-
 def list_processes(include_plain: bool = True) -> list[ProcessInfo]:
     """Every live agent, and (``include_plain``) every other Python process of this user
     with torch loaded, oldest first."""
     agents = {e.pid: e for e in list_agents()}
-    gpu = _gpu_bytes_by_pid()
+    gpu = nvml.bytes_by_pid()
     me = os.getpid()
     uid = os.getuid()
     rows: list[ProcessInfo] = []

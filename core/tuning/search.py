@@ -58,6 +58,27 @@ class Trial:
         """True when the trial ran its steps and stayed at or under ``limit``."""
         return self.ok and self.peak_bytes is not None and self.peak_bytes <= limit
 
+    def verdict(self, limit: float) -> str:
+        """``fits``, ``over the limit``, ``out of memory`` or ``failed``."""
+        if self.oom:
+            return "out of memory"
+        if not self.ok:
+            return "failed"
+        return "fits" if self.fits(limit) else "over the limit"
+
+    def describe(self, limit: float) -> str:
+        """One line for a terminal or a notebook: size, why, peak against prediction,
+        verdict, throughput and time; the trial's message on a second line."""
+        peak = _bytes(self.peak_bytes) if self.peak_bytes is not None else "-"
+        predicted = f" (predicted {_bytes(self.predicted_bytes)})" if self.predicted_bytes else ""
+        rate = f", {self.samples_per_s:,.0f} samples/s" if self.samples_per_s else ""
+        verdict = self.verdict(limit)
+        line = (
+            f"batch {self.batch_size} ({self.role}): peak {peak}{predicted}, "
+            f"{verdict.upper() if self.oom else verdict}{rate} [{self.duration_s:.1f} s]"
+        )
+        return line + (f"\n  {self.message}" if self.message else "")
+
     def to_json(self) -> dict[str, Any]:
         """As the tuning summary writes it."""
         return {
@@ -95,6 +116,26 @@ class TuneResult:
     def ooms(self) -> int:
         """Trials that ran out of memory or crossed the budget."""
         return sum(t.oom for t in self.trials)
+
+    def explain(self, option: str = "batch size") -> list[str]:
+        """The recommendation and its reasons, one sentence a line (no final stops): what
+        the terminal, the Tune panel and a notebook all show."""
+        lines = [
+            f"recommended {option} {self.recommended} ({len(self.trials)} trials, "
+            f"{self.ooms} out of memory); largest measured to fit: {self.max_fitting}"
+            + (f", model's prediction: {self.predicted}" if self.predicted else "")
+        ]
+        if self.fit is not None:
+            lines.append(f"memory model: {self.fit.describe()}")
+        if self.knee is not None:
+            lines.append(
+                f"throughput knee: {self.knee} (within 5% of the best samples/s measured; "
+                "larger sizes buy memory use, not speed)"
+            )
+        return lines + [f"note: {note}" for note in self.notes]
+
+    def __str__(self) -> str:
+        return "\n".join(self.explain())
 
 
 Measure = Callable[[int, str, "float | None"], Trial]
@@ -193,7 +234,7 @@ class BatchSearch:
         try:
             first = self._run(self.minimum, "probe")
             if not first.ok and not first.oom:
-                raise TuneError(f"the script failed at batch size {self.minimum}: {first.message}")
+                raise TuneError(f"the trial at batch size {self.minimum} failed: {first.message}")
             if not first.fits(self.limit):
                 raise TuneError(
                     f"batch size {self.minimum} does not fit: its peak "
@@ -258,7 +299,7 @@ class BatchSearch:
             nxt = min(max(nxt, b + 1), self.maximum)
             last = self._run(nxt, "probe")
             if not last.ok and not last.oom:
-                raise TuneError(f"the script failed at batch size {nxt}: {last.message}")
+                raise TuneError(f"the trial at batch size {nxt} failed: {last.message}")
 
     def _predict(self) -> int:
         """The model's largest size under the limit, within the range and below a failure."""
@@ -300,7 +341,7 @@ class BatchSearch:
             again = "bisect" if self.failed is not None else "refit"
             trial = self._run(batch, "verify" if len(tried) == 1 else again)
             if not trial.ok and not trial.oom:
-                raise TuneError(f"the script failed at batch size {batch}: {trial.message}")
+                raise TuneError(f"the trial at batch size {batch} failed: {trial.message}")
             failed = self.failed
             good = self.good or self.minimum
             if failed is not None:
@@ -319,13 +360,17 @@ class BatchSearch:
     def _between(self, good: int, failed: int) -> int:
         """Where to cut between a size that fitted and one that did not: where the line
         through their measured peaks meets the limit (when both peaks are known), else
-        where the model says, else halfway."""
+        where the model says, unless the model had said the failed size would fit (it is
+        wrong up there: a device smaller than the budget, an eval pass): then halfway."""
         by_size = {t.batch_size: t for t in self.trials}
         low, high = by_size[good].peak_bytes, by_size[failed].peak_bytes
+        said = by_size[failed].predicted_bytes
         if low is not None and high is not None and high > low:
             aim = good + (self.limit - low) / (high - low) * (failed - good)
-        else:
+        elif said is None or said > self.limit:
             aim = self._predict()
+        else:
+            aim = (good + failed) / 2
         if not good < aim < failed:
             aim = (good + failed) / 2
         # A little short of the line: the next trial should fit, and close the gap.

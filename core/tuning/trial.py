@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,57 +135,83 @@ def run_trial(plan: TrialPlan, batch: int, cancel: threading.Event | None = None
         duration = time.monotonic() - started
         stderr = Path(errors_path).read_text(errors="replace")
         summary = _read_summary(summary_path)
-    return _measured(plan, batch, code, max_rss, over_budget, summary, stderr, duration)
+    return measured_trial(plan, batch, code, max_rss, over_budget, summary, stderr, duration)
 
 
 def _wait(
     proc: subprocess.Popen[bytes], plan: TrialPlan, cancel: threading.Event, started: float
 ) -> tuple[int, int, int | None]:
-    """Wait for the child; its exit code, the highest RSS seen while polling (a floor of
-    its peak, for a child killed before it could report its own), and the RSS that
-    crossed the budget (None if it stayed under)."""
-    watched = psutil.Process(proc.pid)
+    """Wait for a script trial's child (see :func:`watch_child`)."""
     marker = proc.args[proc.args.index("--summary") + 1]  # type: ignore[union-attr]
+    watched = psutil.Process(proc.pid)
     execed = False
+
+    def counting() -> bool:
+        # Until it has exec'd, the child still shows this process's memory.
+        nonlocal execed
+        execed = execed or marker in watched.cmdline()
+        return execed
+
+    code, seen, over = watch_child(proc.pid, plan, cancel, started, counting)
+    proc.returncode = code
+    return code, seen, over
+
+
+def watch_child(
+    pid: int,
+    plan: TrialPlan,
+    cancel: threading.Event,
+    started: float,
+    counting: Callable[[], bool] = lambda: True,
+) -> tuple[int, int, int | None]:
+    """Wait for the trial child ``pid`` (a process-group leader); its exit code, the
+    highest RSS seen while polling (a floor of its peak, for a child killed before it
+    could report its own), and the RSS that crossed the budget (None if it stayed under).
+    The child is ended, never left behind, when this raises (cancel, timeout, Ctrl+C)."""
     over: int | None = None
     seen = 0
-    while True:
-        # Not ru_maxrss of wait4: it counts the pages of this process that the child held
-        # between fork and exec (a trial from a 1 GiB window would "peak" at 1 GiB).
-        pid, status = os.waitpid(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return proc.returncode, seen, over
-        if cancel.is_set():
-            _end(proc)
-            raise TuneCancelled()
-        if time.monotonic() - started > plan.timeout_s:
-            _end(proc)
-            raise TuneError(
-                f"a trial ran for more than {plan.timeout_s:g} s: lower --steps, or check "
-                "that the script stops after its steps (it must step an optimizer)"
-            )
-        with contextlib.suppress(psutil.Error):
-            # Until it has exec'd, the child still shows this process's memory.
-            execed = execed or marker in watched.cmdline()
-            rss = watched.memory_info().rss if execed else 0
-            seen = max(seen, rss)
-            if plan.on_cpu and plan.budget_bytes and over is None and rss > plan.budget_bytes:
-                over = rss  # as the OOM killer would: at once, no cleanup
-                with contextlib.suppress(OSError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-        time.sleep(WATCH_PERIOD_S)
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
+        watched = psutil.Process(pid)
+        while True:
+            # Not ru_maxrss of wait4: it counts the pages of this process that the child
+            # held between fork and exec (a trial from a 1 GiB window would "peak" at 1 GiB).
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status), seen, over
+            if cancel.is_set():
+                raise TuneCancelled()
+            if time.monotonic() - started > plan.timeout_s:
+                raise TuneError(
+                    f"a trial ran for more than {plan.timeout_s:g} s: lower --steps, or "
+                    "check that the script stops after its steps (it must step an optimizer)"
+                )
+            with contextlib.suppress(psutil.Error):
+                rss = watched.memory_info().rss if counting() else 0
+                seen = max(seen, rss)
+                if plan.on_cpu and plan.budget_bytes and over is None and rss > plan.budget_bytes:
+                    over = rss  # as the OOM killer would: at once, no cleanup
+                    with contextlib.suppress(OSError):
+                        os.killpg(pid, signal.SIGKILL)
+            time.sleep(WATCH_PERIOD_S)
+    except BaseException:
+        end_child(pid)
+        raise
+
+
+def end_child(pid: int) -> None:
+    """End the trial child ``pid`` and its process group: SIGTERM, SIGKILL 5 s later."""
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return  # already reaped
+            if done:
+                return
+            time.sleep(0.01)
 
 
 def _read_summary(path: str) -> dict[str, Any]:
@@ -196,7 +222,7 @@ def _read_summary(path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _measured(
+def measured_trial(
     plan: TrialPlan,
     batch: int,
     code: int,
@@ -206,6 +232,9 @@ def _measured(
     stderr: str,
     duration: float,
 ) -> Trial:
+    """Judge one trial from its exit ``code``, the RSS watched from outside and its own
+    ``summary`` (``torchmem run --summary``'s keys): fitted, out of memory, or failed and
+    why."""
     from torchmem.units import format_bytes
 
     peaks = summary.get("peak_bytes") or {}
