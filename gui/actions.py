@@ -126,6 +126,14 @@ ACTIONS = (
         "processes, a fitted memory model, a verified recommendation",
     ),
     ActionSpec(
+        "act_lab",
+        "Memory &lab…",
+        "open_lab",
+        "Ctrl+L",
+        "Measure what tensor operations cost in memory and time across sizes: add vs "
+        "add_, views vs copies, matmul, your own expressions, what backward keeps",
+    ),
+    ActionSpec(
         "act_attach",
         "&Attach to a process…",
         "open_attach_dialog",

@@ -53,6 +53,7 @@ from .banner import Banner
 from .breakdown_plot import BreakdownPlot
 from .bridge import SessionBridge
 from .gui_gc import GuiThreadCollector
+from .lab_panel import LabPanel
 from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
 from .oom_dialog import OomDialog
@@ -181,6 +182,15 @@ class MainWindow(QMainWindow):
         self.tune_dock.setToolTip("Find the largest batch size that fits a memory budget")
         self.addDockWidget(Qt.BottomDockWidgetArea, self.tune_dock)
         self.tabifyDockWidget(self.alerts_dock, self.tune_dock)
+        # The Lab panel too: made when first shown.
+        self._lab: LabPanel | None = None
+        self.lab_dock = QDockWidget("Lab", self)
+        self.lab_dock.setObjectName("lab_dock")
+        self.lab_dock.setWidget(QLabel("Memory > Memory lab… (Ctrl+L)"))
+        self.lab_dock.visibilityChanged.connect(self._on_lab_visible)
+        self.lab_dock.setToolTip("Measure what tensor operations cost in memory and time")
+        self.addDockWidget(Qt.BottomDockWidgetArea, self.lab_dock)
+        self.tabifyDockWidget(self.tune_dock, self.lab_dock)
         self.log_dock.raise_()
         self.addDockWidget(Qt.RightDockWidgetArea, self.readings_dock)
 
@@ -298,6 +308,8 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_census_diff)
         m.addAction(self.act_oom)
         m.addAction(self.act_leak_settings)
+        m.addSeparator()
+        m.addAction(self.act_lab)
         m = mb.addMenu("&View")
         for act in (self.act_steps, self.act_follow, self.act_pause):
             m.addAction(act)
@@ -308,6 +320,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.breakdown_dock.toggleViewAction())
         m.addAction(self.alerts_dock.toggleViewAction())
         m.addAction(self.tune_dock.toggleViewAction())
+        m.addAction(self.lab_dock.toggleViewAction())
         theme_menu = m.addMenu("&Theme")
         self.theme_group = QActionGroup(self)
         for theme in THEMES:
@@ -675,6 +688,25 @@ class MainWindow(QMainWindow):
     def _on_tune_visible(self, visible: bool) -> None:
         if visible:
             self.tune.set_script(self.script, self.script_args)
+
+    @property
+    def lab(self) -> LabPanel:
+        """The Lab panel, made on first use."""
+        if self._lab is None:
+            self._lab = LabPanel()
+            self.lab_dock.setWidget(self._lab)
+        return self._lab
+
+    @Slot(bool)
+    def _on_lab_visible(self, visible: bool) -> None:
+        if visible:
+            _ = self.lab  # made when first shown
+
+    def open_lab(self) -> None:
+        """Show the Lab panel."""
+        self.lab_dock.show()
+        self.lab_dock.raise_()
+        self.lab.op_list.setFocus()
 
     def open_tune(self) -> None:
         """Show the Tune panel, with the current script and its arguments."""
@@ -1073,7 +1105,8 @@ class MainWindow(QMainWindow):
         the process exits at once (``force_exit_needed``).
         """
         tuned = self._tune is None or self._tune.shutdown(timeout_ms)
-        clean = tuned and self.runs.shutdown(timeout_ms)
+        measured = self._lab is None or self._lab.shutdown(timeout_ms)
+        clean = tuned and measured and self.runs.shutdown(timeout_ms)
         self.recordings.close()
         self.bridge.close()
         if self._collector is not None:

@@ -213,6 +213,75 @@ def main() -> int:
             child.kill()
             child.wait()
 
+    # 5. The memory lab on CUDA: exact peaks, and pinned against pageable copies.
+    r = python(
+        """
+        import json
+        from torchmem.lab.measure import Job
+        from torchmem.lab.runner import run_lab
+        ops = ("add", "add_", "matmul", "to_pageable", "to_pinned")
+        jobs = [Job(op, 4096, device="cuda:0") for op in ops]
+        print(json.dumps([row.to_json() for row in run_lab(jobs)]))
+    """,
+        timeout=180,
+    )
+    try:
+        lab = {row["op"]: row for row in json.loads(r.stdout.strip().splitlines()[-1])}
+        n2 = 4 * 4096 * 4096
+        check(
+            "lab on cuda:0: add owns 4n², add_ 0, matmul 4n²",
+            lab["add"]["result_bytes"] == n2
+            and lab["add_"]["result_bytes"] == 0
+            and lab["matmul"]["result_bytes"] == n2
+            and lab["add"]["peak_extra_bytes"] >= n2,
+            f"matmul {lab['matmul']['rate'] / 1e12:.1f} TFLOP/s",
+        )
+        pinned, pageable = lab["to_pinned"], lab["to_pageable"]
+        check(
+            "lab on cuda:0: host-to-device copies measured",
+            not pinned["error"] and not pageable["error"] and pinned["median_s"] > 0,
+            f"pinned {pinned['rate'] / 1e9:.1f} GB/s, pageable {pageable['rate'] / 1e9:.1f} GB/s",
+        )
+    except Exception as exc:
+        check("lab on cuda:0", False, f"{type(exc).__name__}: {exc} {r.stderr[-300:]}")
+
+    # 6. torchmem.tune on a step function, trials in fresh processes, budget on reserved.
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "gpu_steps.py").write_text(
+            textwrap.dedent("""
+            import torch
+            model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                                        torch.nn.Linear(4096, 10)).cuda()
+            opt = torch.optim.Adam(model.parameters())
+            def step(batch_size):
+                x = torch.randn(batch_size, 4096, device="cuda")
+                loss = model(x).sum()
+                opt.zero_grad(); loss.backward(); opt.step()
+        """)
+        )
+        r = python(
+            f"""
+            import sys; sys.path.insert(0, {tmp!r})
+            import torchmem, gpu_steps
+            result = torchmem.tune(gpu_steps.step, budget="8GiB", device="cuda:0",
+                                   max_batch=1 << 20, verbose=False)
+            fit = [t for t in result.trials if t.batch_size == result.max_fitting][0]
+            print(result.recommended, len(result.trials), result.ooms, fit.peak_reserved_bytes,
+                  result.limit_bytes)
+        """,
+            timeout=240,
+        )
+        try:
+            rec, trials, ooms, peak, limit = map(int, r.stdout.split()[-5:])
+            check(
+                "torchmem.tune(step) on cuda:0: verified under the limit",
+                peak <= limit and trials <= 10,
+                f"recommended {rec} in {trials} trials, {ooms} OOM, peak reserved {peak >> 20} "
+                f"MiB of {limit >> 20} MiB",
+            )
+        except Exception as exc:
+            check("torchmem.tune on cuda:0", False, f"{type(exc).__name__}: {r.stderr[-300:]}")
+
     table = "| check | result | detail |\n|---|---|---|\n" + "\n".join(
         f"| {n} | {'pass' if ok else 'FAIL'} | {d.replace('|', '/').strip()[:200]} |"
         for n, ok, d in rows

@@ -294,6 +294,71 @@ def _tune(argv: list[str]) -> int:
     )
 
 
+def lab_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem lab``."""
+    from torchmem.lab.ops import BUILTIN
+
+    p = argparse.ArgumentParser(
+        prog="torchmem lab",
+        description="Measure what tensor operations cost: the new storage each result "
+        "owns, the peak extra memory, allocations, whether it is a view, and the median "
+        "time, across sizes (n x n inputs). Each row runs in a fresh process.",
+        epilog="Operations: " + ", ".join(BUILTIN) + ". Example: torchmem lab --ops "
+        "add,add_,matmul --sizes 256,1024,4096 --expr 'torch.sigmoid(a) * b' --grad",
+    )
+    p.add_argument(
+        "--ops", default="add,add_,matmul,view,clone,contiguous",
+        help="built-in operations, comma-separated (default: add,add_,matmul,view,clone,"
+        "contiguous)",
+    )  # fmt: skip
+    p.add_argument(
+        "--expr", action="append", default=[], metavar="EXPRESSION",
+        help="your own expression over a, b, c (n x n tensors), torch, F and checkpoint, "
+        "e.g. 'a @ b.T + c'; may repeat",
+    )  # fmt: skip
+    p.add_argument(
+        "--sizes", default="256,1024,2048", help="n of the n x n inputs, comma-separated"
+    )
+    p.add_argument("--dtype", default="float32", help="dtype(s), comma-separated (compare two)")
+    p.add_argument("--device", default="cpu", help="device(s), comma-separated: cpu, cuda:0")
+    p.add_argument("--repeats", type=_positive_int, default=5, help="timed repeats (5)")
+    p.add_argument(
+        "--grad", action="store_true",
+        help="inputs require grad: also measure what autograd saves for backward",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--csv", metavar="FILE", help="write the rows as CSV here too")
+    p.add_argument(
+        "--in-process", action="store_true",
+        help="measure in this process instead of a fresh child per row (faster; the "
+        "allocator's cache from earlier rows may then hide allocations)",
+    )  # fmt: skip
+    return p
+
+
+def _lab(argv: list[str]) -> int:
+    opts = lab_parser().parse_args(argv)
+    ops = [o.strip() for o in opts.ops.split(",") if o.strip()] + opts.expr
+    try:
+        sizes = [int(s) for s in opts.sizes.split(",") if s.strip()]
+    except ValueError:
+        lab_parser().error(f"--sizes must be integers, e.g. 256,1024,4096, not {opts.sizes!r}")
+    from torchmem.cli.lab import lab_headless
+    from torchmem.lab.ops import BUILTIN
+
+    unknown = [o for o in opts.ops.split(",") if o.strip() and o.strip() not in BUILTIN]
+    if unknown:
+        lab_parser().error(
+            f"unknown operation {unknown[0]!r}: choose from {', '.join(BUILTIN)}, or give "
+            "an expression with --expr"
+        )
+    split = lambda text: [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
+    return lab_headless(
+        ops, sizes, split(opts.dtype), split(opts.device), opts.repeats, opts.grad,
+        opts.json, opts.csv, opts.in_process,
+    )  # fmt: skip
+
+
 def command_parser() -> argparse.ArgumentParser:
     """Parser of ``torchmem run [OPTIONS] -- COMMAND`` (the options before ``--``)."""
     p = argparse.ArgumentParser(
@@ -391,7 +456,7 @@ def _ps(argv: list[str]) -> int:
 
 
 #: The subcommands, for the message about an unknown one.
-SUBCOMMANDS = ("run", "ps", "attach", "tune", "report", "sessions", "compare")
+SUBCOMMANDS = ("run", "ps", "attach", "tune", "lab", "report", "sessions", "compare")
 
 
 def _has_display() -> bool:
@@ -418,6 +483,8 @@ def _main(argv: list[str]) -> int:
         return _ps(argv[1:])
     if argv[:1] == ["tune"]:
         return _tune(argv[1:])
+    if argv[:1] == ["lab"]:
+        return _lab(argv[1:])
     if argv[:1] == ["report"]:
         from torchmem.cli.report import report
 

@@ -152,7 +152,12 @@ def _wait(
         execed = execed or marker in watched.cmdline()
         return execed
 
-    code, seen, over = watch_child(proc.pid, plan, cancel, started, counting)
+    try:
+        code, seen, over = watch_child(proc.pid, plan, cancel, started, counting)
+    except BaseException:
+        # watch_child ended and reaped it: tell Popen, which would otherwise think it runs.
+        proc.returncode = -signal.SIGKILL
+        raise
     proc.returncode = code
     return code, seen, over
 

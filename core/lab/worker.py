@@ -1,0 +1,77 @@
+"""The lab's worker: measures each job in a fresh child forked from it.
+
+Started once per lab run (``python -m torchmem.lab.worker``), it imports torch and then
+reads one JSON job a line on stdin; each job is measured in a child forked for it, so
+that the allocator's cache and the heap left by earlier rows never hide a later row's
+allocations, and a crash costs one row. The worker itself never runs a torch operation
+(OpenMP's threads, and CUDA, do not survive a fork: the children start both fresh). It
+answers one JSON row a line on stdout, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from torchmem.lab.measure import Job, Row, measure
+
+
+def measure_in_child(job: Job) -> dict[str, Any]:
+    """Fork, measure ``job`` in the child, and return its row as JSON."""
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(readable)
+            # The profiler's C++ side announces each start on fd 2: not a line per row.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            data = json.dumps(measure(job).to_json(), default=str).encode()
+            while data:
+                data = data[os.write(writable, data) :]
+        except BaseException:
+            code = 70
+        finally:
+            os._exit(code)
+    os.close(writable)
+    chunks = []
+    while chunk := os.read(readable, 1 << 16):  # until the child closes its end
+        chunks.append(chunk)
+    os.close(readable)
+    _, status = os.waitpid(pid, 0)
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError:
+        code = os.waitstatus_to_exitcode(status)
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        row = Row(job.op, job.size, job.dtype, job.device)
+        row.error = f"the measurement's process died ({how}) before it reported"
+        return row.to_json()
+
+
+def main() -> None:
+    """Serve jobs from stdin until it closes."""
+    import torch  # noqa: F401 - imported once here, so that each child starts at once
+
+    from torchmem.lab.measure import warm_up
+
+    warm_up()
+
+    from torchmem.probe.parent_watch import PARENT_ENV, set_pdeathsig
+
+    if os.environ.get(PARENT_ENV):
+        set_pdeathsig(signal.SIGKILL)  # the worker ends with the window or the CLI
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = Job(**json.loads(line))
+        sys.stdout.write(json.dumps(measure_in_child(job)) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
