@@ -38,6 +38,15 @@ ACTIONS = (
         "Every run of the window is recorded: open one as it was, rename or delete it",
     ),
     ActionSpec(
+        "act_open_snapshot",
+        "Open memory sna&pshot…",
+        "open_snapshot_dialog",
+        "Ctrl+Shift+M",
+        "Read a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), however large: "
+        "active memory over time by kind, what was live at any moment and which line "
+        "allocated it, the allocator's segments. Files can also be dropped on the window",
+    ),
+    ActionSpec(
         "act_export",
         "&Export the run…",
         "recordings.export",

@@ -86,6 +86,8 @@ def main(opts: argparse.Namespace) -> int:
         window.attach(opts.attach)
     elif script:
         window.load_script(script, list(opts.args), run=True, cwd=opts.cwd)
+    if getattr(opts, "snapshot", None):
+        window.snapshots.open(opts.snapshot)
     if opts.screenshot:
         screenshot_when_drawn(window, opts.screenshot, opts.screenshot_after)
     # Ctrl+C in the terminal closes the window cleanly instead of being ignored by Qt.

@@ -325,7 +325,7 @@ class LabPanel(QWidget):
         self._say(f"Measuring {len(self.jobs)} rows, {where}…")
         worker = LabWorker(self.jobs, self.isolated_check.isChecked())
         worker.row_done.connect(self._on_row)
-        worker.errored.connect(lambda text: self._say(text, error=True))
+        worker.errored.connect(self._on_error)  # a slot: queued to the GUI thread
         worker.finished.connect(self._on_finished)
         self._worker = worker
         self._thread = start_in_thread(worker, "torchmem-lab", worker.run, worker.finished)
@@ -398,6 +398,10 @@ class LabPanel(QWidget):
             self.grad_check, self.isolated_check,
         ):  # fmt: skip
             widget.setEnabled(not running)
+
+    @Slot(str)
+    def _on_error(self, text: str) -> None:
+        self._say(text, error=True)
 
     # -- what it shows --------------------------------------------------------------------------
     def _say(self, text: str, error: bool = False) -> None:

@@ -9,7 +9,15 @@ from operator import attrgetter
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtGui import (
+    QAction,
+    QActionGroup,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QIcon,
+    QKeySequence,
+)
 from PySide6.QtWidgets import (
     QApplication,
     QComboBox,
@@ -39,6 +47,7 @@ from torchmem.probe.allocator import allocator_env, check_allocator_conf
 from torchmem.probe.commands import COMMANDS
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.probe.sampler import MAX_HZ, MIN_HZ
+from torchmem.record.store import SUFFIX as SESSION_SUFFIX
 from torchmem.resources import path as resource_path
 from torchmem.series import scope_label
 from torchmem.session import Session
@@ -60,6 +69,7 @@ from .oom_dialog import OomDialog
 from .readings import ReadingsTable
 from .recordings import Recordings
 from .run_controller import RunController
+from .snapshot_window import SnapshotOpener
 from .status_bar import ElidingStatusBar
 from .tensor_panel import TensorPanel
 from .theme import THEMES, apply_theme
@@ -99,6 +109,9 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
         #: Recording each run, the Sessions dialog, reopening, comparing, exporting.
         self.recordings = Recordings(self)
+        self.snapshots = SnapshotOpener(self)
+        self.snapshots.failed.connect(self._on_snapshot_failed)
+        self.setAcceptDrops(True)
         self._build_central()
         self._build_actions()
         self._build_toolbar()
@@ -283,6 +296,7 @@ class MainWindow(QMainWindow):
         self.recent_menu = m.addMenu("Open &recent")
         m.addSeparator()
         m.addAction(self.act_sessions)
+        m.addAction(self.act_open_snapshot)
         m.addAction(self.act_export)
         m.addSeparator()
         m.addAction(self.act_quit)
@@ -480,6 +494,38 @@ class MainWindow(QMainWindow):
     def running(self) -> bool:
         """True while a script thread or an attach is alive."""
         return self.runs.running
+
+    @Slot(str)
+    def _on_snapshot_failed(self, text: str) -> None:
+        self.show_error(text, "warning")
+
+    def open_snapshot_dialog(self) -> None:
+        """Choose a memory snapshot and open it in a Snapshot window."""
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open memory snapshot", "", "Snapshots (*.pickle *.pkl);;All files (*)"
+        )
+        if path:
+            self.snapshots.open(path)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        """Accept files: a script runs, a recorded session reopens, anything else is read
+        as a memory snapshot."""
+        if event.mimeData().hasUrls() and all(u.isLocalFile() for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        """Open the dropped file by its kind (see :meth:`dragEnterEvent`)."""
+        urls = event.mimeData().urls()
+        if not urls:
+            return
+        path = urls[0].toLocalFile()
+        event.acceptProposedAction()
+        if path.endswith(".py"):
+            self.load_script(path, [])
+        elif path.endswith(SESSION_SUFFIX):
+            self.recordings.open(path)
+        else:
+            self.snapshots.open(path)
 
     def open_script_dialog(self) -> None:
         """Ask for a script and run it."""
@@ -1106,6 +1152,7 @@ class MainWindow(QMainWindow):
         """
         tuned = self._tune is None or self._tune.shutdown(timeout_ms)
         measured = self._lab is None or self._lab.shutdown(timeout_ms)
+        measured = self.snapshots.shutdown(timeout_ms) and measured
         clean = tuned and measured and self.runs.shutdown(timeout_ms)
         self.recordings.close()
         self.bridge.close()

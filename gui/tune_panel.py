@@ -415,7 +415,7 @@ class TunePanel(QWidget):
             self.rounding_combo.currentData(),
         )
         worker.trial_done.connect(self._on_trial)
-        worker.errored.connect(lambda text: self._say(text, error=True))
+        worker.errored.connect(self._on_error)  # a slot: queued to the GUI thread
         worker.finished.connect(self._on_finished)
         self._worker = worker
         self._thread = start_in_thread(worker, "torchmem-tune", worker.run, worker.finished)
@@ -467,6 +467,10 @@ class TunePanel(QWidget):
             self._say(_explain(result, option))
         self._redraw()
         self._update_buttons()
+
+    @Slot(str)
+    def _on_error(self, text: str) -> None:
+        self._say(text, error=True)
 
     # -- what it shows --------------------------------------------------------------------------
     def _say(self, text: str, error: bool = False) -> None:

@@ -84,6 +84,12 @@ def gui_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--address", metavar="SOCKET", help="the forwarded socket of --attach-entry")
     p.add_argument(
+        "--snapshot",
+        metavar="PICKLE",
+        help="open a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) in a window "
+        "(also `torchmem snapshot FILE`; `torchmem snapshot info FILE` without a window)",
+    )
+    p.add_argument(
         "--isolated",
         action="store_true",
         help="run the script in a child process (for signals, DataLoader workers, crashes)",
@@ -294,6 +300,21 @@ def _tune(argv: list[str]) -> int:
     )
 
 
+def snapshot_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem snapshot info``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem snapshot info",
+        description="Summarise a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot): "
+        "the peak of active memory and when, what was live then grouped by the line that "
+        "allocated it, and the allocator's segments. Read once in a worker process and "
+        "indexed; reopening is instant. `torchmem snapshot FILE` opens it in a window.",
+    )
+    p.add_argument("file", help="the snapshot pickle")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--top", type=_positive_int, default=10, help="owners to list (10)")
+    return p
+
+
 def lab_parser() -> argparse.ArgumentParser:
     """Parser of ``torchmem lab``."""
     from torchmem.lab.ops import BUILTIN
@@ -456,7 +477,9 @@ def _ps(argv: list[str]) -> int:
 
 
 #: The subcommands, for the message about an unknown one.
-SUBCOMMANDS = ("run", "ps", "attach", "tune", "lab", "report", "sessions", "compare")
+SUBCOMMANDS = (
+    "run", "ps", "attach", "tune", "lab", "snapshot", "report", "sessions", "compare",
+)  # fmt: skip
 
 
 def _has_display() -> bool:
@@ -485,6 +508,18 @@ def _main(argv: list[str]) -> int:
         return _tune(argv[1:])
     if argv[:1] == ["lab"]:
         return _lab(argv[1:])
+    if argv[:2] == ["snapshot", "info"]:
+        opts = snapshot_parser().parse_args(argv[2:])
+        from torchmem.cli.snapshot import info_headless
+
+        return info_headless(opts.file, opts.json, opts.top)
+    if argv[:1] == ["snapshot"]:
+        if len(argv) != 2 or argv[1].startswith("-"):
+            snapshot_parser().error("give one snapshot file: torchmem snapshot FILE")
+        if not Path(argv[1]).exists():
+            print(f"torchmem: no such file: {argv[1]}", file=sys.stderr)
+            return 2
+        argv = ["--snapshot", argv[1]]
     if argv[:1] == ["report"]:
         from torchmem.cli.report import report
 

@@ -1,0 +1,1 @@
+"""PyTorch memory snapshots: read safely, indexed as columns, analysed (no Qt)."""

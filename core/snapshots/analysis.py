@@ -1,0 +1,214 @@
+"""What a snapshot says: active memory over time, its peak, what was live then and who
+allocated it, the allocator's segments at the end.
+
+Pure functions of a :class:`~torchmem.snapshots.index.SnapshotIndex`, shared by
+``torchmem snapshot info`` and the Snapshot window.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from torchmem.snapshots.index import ALLOC, FREE, FREE_COMPLETED, SnapshotIndex
+
+#: The categories a stack is sorted into, as Mosaic and memory_viz users read them.
+CATEGORIES = ("parameter", "optimizer state", "gradient", "activation", "other")
+#: Frames of these files are PyTorch's own: the frame that owns an allocation is the
+#: first one outside them (the user's line).
+_LIBRARY = ("/torch/", "\\torch\\", "<frozen", "/site-packages/", "/dist-packages/")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Active (allocated) bytes of one device after each of its events."""
+
+    time_us: np.ndarray
+    active: np.ndarray
+    #: The rows of the index's events these points are.
+    events: np.ndarray
+    #: Bytes live before the trace began.
+    initial: int
+
+    @property
+    def peak(self) -> tuple[int, int, int]:
+        """(bytes, time in µs, event row) of the highest point; (initial, 0, -1) when
+        the trace is empty."""
+        if not len(self.active):
+            return self.initial, 0, -1
+        i = int(np.argmax(self.active))
+        return int(self.active[i]), int(self.time_us[i]), int(self.events[i])
+
+
+def timeline(index: SnapshotIndex, device: int) -> Timeline:
+    """Active bytes after each event of ``device`` (allocations minus completed frees)."""
+    mine = np.flatnonzero(index.ev_device == device)
+    action = index.ev_action[mine]
+    delta = np.where(action == ALLOC, index.ev_size[mine], 0)
+    delta = delta - np.where((action == FREE_COMPLETED) | (action == FREE), index.ev_size[mine], 0)
+    initial = int(index.al_size[(index.al_device == device) & (index.al_start < 0)].sum())
+    return Timeline(index.ev_time[mine], initial + np.cumsum(delta), mine, initial)
+
+
+def live_at(index: SnapshotIndex, device: int, event: int) -> np.ndarray:
+    """Rows of the allocations of ``device`` live just after event row ``event``."""
+    return np.flatnonzero(
+        (index.al_device == device) & (index.al_start <= event) & (index.al_end > event)
+    )
+
+
+def owner(stack: list[str]) -> str:
+    """The frame that owns an allocation: the first outside PyTorch's own files (the
+    user's line), else the innermost frame."""
+    for frame in stack:
+        if not any(part in frame for part in _LIBRARY):
+            return frame
+    return stack[0] if stack else "(no stack recorded)"
+
+
+def category(stack: list[str]) -> str:
+    """What an allocation probably is, from its stack (one of :data:`CATEGORIES`)."""
+    text = " ".join(stack)
+    names = {frame.split(" (", 1)[0] for frame in stack}
+    if "optim" in text and ("step" in names or "_init_group" in names):
+        return "optimizer state"
+    if names & {"backward", "_engine_run_backward", "run_backward"} or (
+        "autograd" in text and ("backward" in text)
+    ):
+        return "gradient"
+    if names & {"forward", "_call_impl", "_wrapped_call_impl"}:
+        return "activation"
+    if names & {"_apply", "reset_parameters", "__init__", "to", "cuda"} and "/nn/" in text:
+        return "parameter"
+    return "other"
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Live bytes owned by one frame."""
+
+    frame: str
+    bytes: int
+    count: int
+    category: str
+    #: The full stack of its largest allocation, innermost first.
+    stack: list[str]
+
+    def to_json(self) -> dict[str, object]:
+        """As ``torchmem snapshot info --json`` writes it."""
+        return {
+            "frame": self.frame,
+            "bytes": self.bytes,
+            "count": self.count,
+            "category": self.category,
+            "stack": self.stack,
+        }
+
+
+def by_owner(index: SnapshotIndex, rows: np.ndarray, top: int | None = 10) -> list[StackGroup]:
+    """Allocations ``rows`` grouped by the frame that owns them, largest first."""
+    groups: dict[str, list[int]] = {}
+    for row in rows.tolist():
+        sid = int(index.al_stack[row])
+        stack = index.stacks[sid] if sid >= 0 else []
+        groups.setdefault(owner(stack), []).append(row)
+    out = []
+    for frame, members in groups.items():
+        sizes = index.al_size[members]
+        largest = members[int(np.argmax(sizes))]
+        sid = int(index.al_stack[largest])
+        stack = index.stacks[sid] if sid >= 0 else []
+        out.append(StackGroup(frame, int(sizes.sum()), len(members), category(stack), stack))
+    out.sort(key=lambda g: -g.bytes)
+    return out[:top] if top else out
+
+
+def by_category(index: SnapshotIndex, rows: np.ndarray) -> dict[str, int]:
+    """Live bytes of ``rows`` per category."""
+    totals = dict.fromkeys(CATEGORIES, 0)
+    cache: dict[int, str] = {}
+    for row in rows.tolist():
+        sid = int(index.al_stack[row])
+        if sid not in cache:
+            cache[sid] = category(index.stacks[sid]) if sid >= 0 else "other"
+        totals[cache[sid]] += int(index.al_size[row])
+    return totals
+
+
+@dataclass(frozen=True)
+class SegmentSummary:
+    """The allocator's segments of one device at the end of the snapshot."""
+
+    segments: int
+    reserved: int
+    allocated: int
+    #: Bytes cached but free inside segments that also hold allocations: the memory
+    #: fragmentation keeps from a large request.
+    inactive_split: int
+
+    @property
+    def fragmentation(self) -> float:
+        """The share of reserved bytes not allocated (0 when nothing is reserved)."""
+        return 1 - self.allocated / self.reserved if self.reserved else 0.0
+
+
+def segments(index: SnapshotIndex, device: int) -> SegmentSummary:
+    """Segments, reserved and allocated bytes, and split free bytes of ``device``."""
+    mine = index.seg_device == device
+    split = (index.seg_allocated > 0) & mine
+    return SegmentSummary(
+        segments=int(mine.sum()),
+        reserved=int(index.seg_total[mine].sum()),
+        allocated=int(index.seg_allocated[mine].sum()),
+        inactive_split=int((index.seg_total[split] - index.seg_allocated[split]).sum()),
+    )
+
+
+def category_curves(
+    index: SnapshotIndex, device: int, max_points: int = 4000
+) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    """Active bytes of ``device`` per category after each event, thinned to at most
+    ``max_points`` points that keep each bucket's highest total (a peak is never drawn
+    lower than it was): (times, bytes by category, the event rows kept)."""
+    line = timeline(index, device)
+    rows = line.events
+    if not len(rows):
+        return np.zeros(0), {c: np.zeros(0) for c in CATEGORIES}, rows
+    code = {c: i for i, c in enumerate(CATEGORIES)}
+    stack_cat = np.array(
+        [code[category(s)] for s in index.stacks] + [code["other"]], dtype=np.int8
+    )  # the last entry: events without a stack (-1)
+    cats = stack_cat[index.ev_stack[rows]]
+    action = index.ev_action[rows]
+    sizes = index.ev_size[rows]
+    delta = np.where(action == ALLOC, sizes, 0) - np.where(
+        (action == FREE_COMPLETED) | (action == FREE), sizes, 0
+    )
+    # A free's own frames are empty: it takes the category of the alloc it ends.
+    owners = np.full(len(index.ev_time), -1, dtype=np.int32)
+    owners[index.al_end[index.al_end < len(owners)]] = index.al_stack[index.al_end < len(owners)]
+    freed = delta < 0
+    cats[freed] = stack_cat[owners[rows[freed]]]
+    keep = _thin(line.active, max_points)
+    initial = by_category(index, np.flatnonzero((index.al_device == device) & (index.al_start < 0)))
+    curves = {}
+    for c, i in code.items():
+        curves[c] = (initial[c] + np.cumsum(np.where(cats == i, delta, 0)))[keep]
+    return line.time_us[keep], curves, rows[keep]
+
+
+def _thin(values: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices of at most ~``max_points`` values: each bucket's highest, in order."""
+    n = len(values)
+    if n <= max_points:
+        return np.arange(n)
+    buckets = max(max_points // 2, 1)
+    edges = np.linspace(0, n, buckets + 1, dtype=np.int64)
+    keep = []
+    for lo, hi in itertools.pairwise(edges):
+        if hi > lo:
+            keep += [lo, lo + int(np.argmax(values[lo:hi]))]
+    keep.append(n - 1)
+    return np.unique(np.asarray(keep))

@@ -1,0 +1,248 @@
+"""A snapshot as columns: every trace event and every allocation's lifetime in numpy
+arrays, stacks interned once, saved beside in one ``.npz`` file.
+
+memory_viz keeps every event as a JavaScript object and its browser tab dies near 1 GB;
+here the pickle is read once (in a worker process, :mod:`torchmem.snapshots.open`) and
+what the views need is a few arrays of a dozen bytes an event, reopened in a moment.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Version of the index format: an index of another version is rebuilt.
+INDEX_VERSION = 1
+#: The trace actions, by code (``free`` is torch 2.0's name of ``free_requested``).
+ACTIONS = (
+    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+    "segment_map", "segment_unmap", "snapshot", "oom", "free",
+)  # fmt: skip
+ALLOC, FREE_REQUESTED, FREE_COMPLETED, FREE = 0, 1, 2, 9
+UNKNOWN_ACTION = 127
+#: Block states, by code.
+STATES = ("active_allocated", "active_pending_free", "inactive")
+
+
+@dataclass
+class SnapshotIndex:
+    """Every event and allocation of a snapshot, as arrays (one row each)."""
+
+    #: Trace events, in trace order: device, time (µs), action code, address, size, stack.
+    ev_device: np.ndarray
+    ev_time: np.ndarray
+    ev_action: np.ndarray
+    ev_addr: np.ndarray
+    ev_size: np.ndarray
+    ev_stack: np.ndarray
+    #: Allocations (an alloc paired with its free): device, first and last event index
+    #: (-1: live before the trace began; len(events): still live at its end), address,
+    #: size, stack.
+    al_device: np.ndarray
+    al_start: np.ndarray
+    al_end: np.ndarray
+    al_addr: np.ndarray
+    al_size: np.ndarray
+    al_stack: np.ndarray
+    #: Segments at the end: device, address, total, allocated, active bytes, large pool.
+    seg_device: np.ndarray
+    seg_addr: np.ndarray
+    seg_total: np.ndarray
+    seg_allocated: np.ndarray
+    seg_active: np.ndarray
+    seg_large: np.ndarray
+    #: Blocks at the end: segment row, address, size, state code.
+    blk_segment: np.ndarray
+    blk_addr: np.ndarray
+    blk_size: np.ndarray
+    blk_state: np.ndarray
+    #: Interned stacks: each a list of "name (file:line)", innermost first.
+    stacks: list[list[str]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def devices(self) -> list[int]:
+        """The devices with events or segments, in order."""
+        return sorted({int(d) for d in np.unique(self.ev_device)} | {
+            int(d) for d in np.unique(self.seg_device)
+        })  # fmt: skip
+
+    def save(self, path: str | Path) -> None:
+        """Write the index (arrays, stacks and facts) to one ``.npz`` file, atomically."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        arrays = {k: v for k, v in vars(self).items() if isinstance(v, np.ndarray)}
+        extra = json.dumps({"stacks": self.stacks, "meta": self.meta, "version": INDEX_VERSION})
+        np.savez(tmp, **arrays, _extra=np.frombuffer(extra.encode(), dtype=np.uint8))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SnapshotIndex | None:
+        """The index at ``path``, or None if missing, damaged or of another version."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                extra = json.loads(bytes(data["_extra"]).decode())
+                if extra.get("version") != INDEX_VERSION:
+                    return None
+                names = [f for f in cls.__dataclass_fields__ if f not in ("stacks", "meta")]
+                arrays = {name: data[name] for name in names}
+        except (OSError, ValueError, KeyError, EOFError):
+            return None
+        return cls(**arrays, stacks=extra["stacks"], meta=extra["meta"])
+
+
+class _Stacks:
+    """Interns stacks: the same frames get the same id."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[str, ...], int] = {}
+        self.stacks: list[list[str]] = []
+
+    def id_of(self, frames: Any) -> int:
+        if not frames:
+            return -1
+        key = tuple(
+            f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})"
+            for f in frames
+            if isinstance(f, dict)
+        )
+        found = self.ids.get(key)
+        if found is None:
+            found = self.ids[key] = len(self.stacks)
+            self.stacks.append(list(key))
+        return found
+
+
+def build_index(
+    snapshot: dict[str, Any],
+    meta: dict[str, Any] | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> SnapshotIndex:
+    """The index of a snapshot read by :func:`~torchmem.snapshots.read.read_snapshot`."""
+    stacks = _Stacks()
+    codes = {name: i for i, name in enumerate(ACTIONS)}
+    traces = snapshot.get("device_traces") or []
+    total = sum(len(t) for t in traces if isinstance(t, list)) or 1
+    columns: list[list[int]] = [[], [], [], [], [], []]
+    done = 0
+    for device, trace in enumerate(traces):
+        if not isinstance(trace, list):
+            continue
+        for i, e in enumerate(trace):
+            if not isinstance(e, dict):
+                continue
+            columns[0].append(device)
+            # Traces before torch 2.1 have no times: their order is their clock.
+            columns[1].append(int(e.get("time_us", i)))
+            columns[2].append(codes.get(e.get("action", ""), UNKNOWN_ACTION))
+            columns[3].append(int(e.get("addr", 0)))
+            columns[4].append(int(e.get("size", 0)))
+            columns[5].append(stacks.id_of(e.get("frames")))
+        done += len(trace)
+        if progress is not None:
+            progress(done / total)
+    ev = [np.asarray(c, dtype=t) for c, t in zip(
+        columns, (np.int16, np.int64, np.int8, np.uint64, np.int64, np.int32), strict=True
+    )]  # fmt: skip
+    seg_rows, blk_rows = [], []
+    for segment in snapshot.get("segments") or []:
+        if not isinstance(segment, dict):
+            continue
+        row = len(seg_rows)
+        seg_rows.append((
+            int(segment.get("device", 0)), int(segment.get("address", 0)),
+            int(segment.get("total_size", 0)), int(segment.get("allocated_size", 0)),
+            int(segment.get("active_size", 0)), segment.get("segment_type", "large") == "large",
+        ))  # fmt: skip
+        for block in segment.get("blocks") or []:
+            state = block.get("state", "inactive")
+            blk_rows.append((
+                row, int(block.get("address", 0)), int(block.get("size", 0)),
+                STATES.index(state) if state in STATES else len(STATES) - 1,
+                stacks.id_of(block.get("frames")),
+            ))  # fmt: skip
+    seg = _columns(seg_rows, (np.int16, np.uint64, np.int64, np.int64, np.int64, bool))
+    blk = _columns(blk_rows, (np.int32, np.uint64, np.int64, np.int8, np.int32))
+    allocations = _allocations(ev, seg, blk)
+    facts = {
+        "events": int(len(ev[0])),
+        "segments": len(seg_rows),
+        "allocator_settings": snapshot.get("allocator_settings") or {},
+        **(meta or {}),
+    }
+    return SnapshotIndex(
+        *ev, *allocations, *seg, blk[0], blk[1], blk[2], blk[3], stacks=stacks.stacks, meta=facts
+    )
+
+
+def _columns(rows: list[tuple[Any, ...]], types: Iterable[Any]) -> list[np.ndarray]:
+    types = list(types)
+    if not rows:
+        return [np.zeros(0, dtype=t) for t in types]
+    return [np.asarray(col, dtype=t) for col, t in zip(zip(*rows, strict=True), types, strict=True)]
+
+
+def _allocations(
+    ev: list[np.ndarray], seg: list[np.ndarray], blk: list[np.ndarray]
+) -> list[np.ndarray]:
+    """Pair each alloc with the free that ends it (free_completed, or torch 2.0's free),
+    by address and trace order; a free with no alloc before it was live when the trace
+    began, and so is a block live at the end that no event mentions."""
+    device, _, action, addr, size, stack = ev
+    n = len(device)
+    index = np.arange(n)
+    is_alloc = action == ALLOC
+    is_free = (action == FREE_COMPLETED) | (action == FREE)
+    keep = is_alloc | is_free
+    idx, dev, ad = index[keep], device[keep], addr[keep]
+    order = np.lexsort((idx, ad, dev))
+    idx, dev, ad = idx[order], dev[order], ad[order]
+    alloc = is_alloc[idx]
+    same_next = np.zeros(len(idx), dtype=bool)
+    if len(idx) > 1:
+        same_next[:-1] = (dev[1:] == dev[:-1]) & (ad[1:] == ad[:-1])
+    paired = alloc & same_next & np.r_[~alloc[1:], False]
+    ends = np.where(paired, np.r_[idx[1:], 0], n)
+    # Frees whose previous event at that address is not an alloc: live before the trace.
+    same_prev = np.r_[False, same_next[:-1]]
+    orphan = ~alloc & ~(same_prev & np.r_[False, alloc[:-1]])
+    a_idx = idx[alloc]
+    starts = np.r_[a_idx, np.full(int(orphan.sum()), -1)]
+    ends_all = np.r_[ends[alloc], idx[orphan]]
+    rows = np.r_[a_idx, idx[orphan]]
+    al = [
+        device[rows].astype(np.int16),
+        starts.astype(np.int64),
+        ends_all.astype(np.int64),
+        addr[rows].astype(np.uint64),
+        size[rows].astype(np.int64),
+        stack[rows].astype(np.int32),
+    ]
+    # Blocks allocated at the end that the trace never mentions: live all along.
+    seg_device = seg[0]
+    blk_segment, blk_addr, blk_size, blk_state, blk_stack = blk
+    if len(blk_addr):
+        allocated = blk_state == STATES.index("active_allocated")
+        b_dev = seg_device[blk_segment].astype(np.int16) if len(seg_device) else blk_segment
+        seen = set(zip(device[keep].tolist(), addr[keep].tolist(), strict=True))
+        silent = np.array(
+            [
+                ok and (int(d), int(a)) not in seen
+                for ok, d, a in zip(allocated, b_dev, blk_addr, strict=True)
+            ],
+            dtype=bool,
+        )
+        if silent.any():
+            k = int(silent.sum())
+            extra = [
+                b_dev[silent].astype(np.int16), np.full(k, -1, dtype=np.int64),
+                np.full(k, n, dtype=np.int64), blk_addr[silent].astype(np.uint64),
+                blk_size[silent].astype(np.int64), blk_stack[silent].astype(np.int32),
+            ]  # fmt: skip
+            al = [np.r_[a, b] for a, b in zip(al, extra, strict=True)]
+    return al

@@ -1,0 +1,133 @@
+"""Open a snapshot: from its index when one is saved, else read and indexed once in a
+worker process, with progress and cancel.
+
+The pickle's Python objects take several times the file's size; reading it in a child
+keeps the window's memory to the arrays it draws, and a file too big for the machine
+costs that child, never the window. The index lives in the sessions folder, named by
+the file's path, size and modification time, so a changed file is indexed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from torchmem.probe.parent_watch import PARENT_ENV
+from torchmem.record.library import sessions_dir
+from torchmem.snapshots.index import SnapshotIndex, build_index
+from torchmem.snapshots.read import SnapshotError, read_snapshot
+
+#: Reading the pickle is most of the work; indexing the rest.
+READ_SHARE = 0.8
+
+
+class SnapshotCancelled(Exception):
+    """The user cancelled opening a snapshot."""
+
+
+def index_path(path: str | Path) -> Path:
+    """Where the index of the snapshot at ``path`` is kept."""
+    file = Path(path).resolve()
+    stat = file.stat()
+    key = hashlib.sha1(f"{file}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return sessions_dir() / "snapshot-index" / f"{file.stem[:40]}-{key}.npz"
+
+
+def index_snapshot(
+    path: str | Path, out: str | Path, progress: Callable[[float], None] | None = None
+) -> SnapshotIndex:
+    """Read the snapshot at ``path`` here, and save its index to ``out``."""
+    say = progress or (lambda share: None)
+    data = read_snapshot(path, lambda share: say(share * READ_SHARE))
+    stat = Path(path).stat()
+    meta = {"file": str(Path(path).resolve()), "file_bytes": stat.st_size}
+    index = build_index(data, meta, lambda share: say(READ_SHARE + share * (1 - READ_SHARE)))
+    del data
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    index.save(out)
+    return index
+
+
+def open_snapshot(
+    path: str | Path,
+    progress: Callable[[float], None] | None = None,
+    cancel: threading.Event | None = None,
+    isolated: bool = True,
+) -> SnapshotIndex:
+    """The index of the snapshot at ``path``: saved, or built now (in a worker process
+    when ``isolated``). SnapshotError says why a file cannot be opened; SnapshotCancelled
+    once ``cancel`` is set (the worker is ended first)."""
+    try:
+        target = index_path(path)
+    except OSError as exc:
+        raise SnapshotError(f"cannot read {path}: {exc.strerror or exc}") from None
+    saved = SnapshotIndex.load(target) if target.exists() else None
+    if saved is not None:
+        if progress is not None:
+            progress(1.0)
+        return saved
+    if not isolated:
+        return index_snapshot(path, target, progress)
+    _in_worker(Path(path), target, progress, cancel or threading.Event())
+    index = SnapshotIndex.load(target)
+    if index is None:
+        raise SnapshotError(f"the index of {path} could not be read back from {target}")
+    return index
+
+
+def _in_worker(
+    path: Path, target: Path, progress: Callable[[float], None] | None, cancel: threading.Event
+) -> None:
+    with tempfile.TemporaryFile() as errors:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "torchmem.snapshots.worker", str(path), str(target)],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, PARENT_ENV: str(os.getpid())},
+            start_new_session=True,
+        )
+        assert worker.stdout is not None
+        message = ""
+        try:
+            while True:
+                if cancel.is_set():
+                    raise SnapshotCancelled()
+                ready, _, _ = select.select([worker.stdout], [], [], 0.05)
+                if not ready:
+                    continue
+                line = worker.stdout.readline()
+                if not line:
+                    break
+                kind, _, rest = line.rstrip("\n").partition(" ")
+                if kind == "progress" and progress is not None:
+                    progress(float(rest))
+                elif kind == "error":
+                    message = rest
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(worker.pid, signal.SIGKILL) if worker.poll() is None else None
+            worker.wait()
+            worker.stdout.close()
+        if worker.returncode != 0 or message:
+            if not message:
+                errors.seek(0)
+                tail = errors.read().decode(errors="replace").strip().splitlines()
+                code = worker.returncode
+                killed = code < 0 and -code == signal.SIGKILL
+                message = (
+                    f"reading {path} ran out of memory (the worker was killed)"
+                    if killed
+                    else f"reading {path} failed: {tail[-1] if tail else f'exit code {code}'}"
+                )
+            raise SnapshotError(message)

@@ -1,0 +1,340 @@
+"""The Snapshot window: a PyTorch memory snapshot, read in a worker process and drawn
+from its index.
+
+Active memory over time, stacked by what it probably is (parameters, optimizer state,
+gradients, activations, other), with a moment (the peak, at first) and a time range that
+narrow the rest; the allocations live at that moment grouped by the line that made them,
+each with its full stack; the allocator's segments at the end. Built on
+:mod:`torchmem.snapshots` (no Qt there), which memory_viz users will recognise.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QMainWindow,
+    QPlainTextEdit,
+    QProgressDialog,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from torchmem.snapshots import analysis
+from torchmem.snapshots.index import SnapshotIndex
+from torchmem.snapshots.open import SnapshotCancelled, open_snapshot
+from torchmem.snapshots.read import SnapshotError
+from torchmem.units import format_bytes
+
+from .workers import start_in_thread, wait_thread
+
+#: Stacked from the bottom: what stays (parameters) under what comes and goes.
+CATEGORY_COLORS = {
+    "parameter": "#4e79a7",
+    "optimizer state": "#f28e2c",
+    "gradient": "#59a14f",
+    "activation": "#e15759",
+    "other": "#bab0ab",
+}
+COLUMNS = ("Allocated by", "Bytes", "Allocations", "Kind")
+MiB = 1 << 20
+
+
+class SnapshotLoader(QObject):
+    """Opens one snapshot in its own thread (the reading itself is in a worker process)."""
+
+    progress = Signal(float)
+    #: Always last: the index, or None (then ``failed`` said why, or it was cancelled).
+    finished = Signal(object)
+    failed = Signal(str)
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self.cancel_event = threading.Event()
+
+    @Slot()
+    def run(self) -> None:
+        """Open the snapshot; always ends with ``finished``."""
+        index = None
+        try:
+            index = open_snapshot(self.path, self.progress.emit, self.cancel_event)
+        except SnapshotCancelled:
+            pass
+        except SnapshotError as exc:
+            self.failed.emit(str(exc))
+        except Exception as exc:  # torchmem's own failure: said, never a dead thread
+            self.failed.emit(f"cannot open {self.path}: {type(exc).__name__}: {exc}")
+        finally:
+            self.finished.emit(index)
+
+
+class SnapshotWindow(QMainWindow):
+    """One snapshot: timeline, the live set at a moment, stacks, segments."""
+
+    def __init__(self, index: SnapshotIndex, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.index = index
+        self.groups: list[analysis.StackGroup] = []
+        name = Path(index.meta.get("file", "snapshot")).name
+        self.setWindowTitle(f"Memory snapshot – {name}")
+        self.resize(1250, 800)
+        self.device_combo = QComboBox()
+        for device in index.devices:
+            self.device_combo.addItem(f"cuda:{device}", device)
+        self.device_combo.setToolTip("The device whose trace is shown")
+        self.device_combo.currentIndexChanged.connect(self._show_device)
+        self.facts = QLabel()
+        self.facts.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Device:"))
+        top.addWidget(self.device_combo)
+        top.addWidget(self.facts, 1)
+
+        self.plot = pg.PlotWidget()
+        self.plot.setLabel("left", "active memory (MiB)")
+        self.plot.getAxis("left").enableAutoSIPrefix(False)  # MiB, not pyqtgraph's decimal
+        self.plot.setLabel("bottom", "time since the first event", units="s")
+        self.plot.showGrid(x=True, y=True, alpha=0.25)
+        self.plot.addLegend(offset=(10, 5))
+        self.plot.setToolTip(
+            "Allocated bytes after each event, stacked by what the allocating stack looks "
+            "like. Click to choose a moment; drag the shaded range's edges to narrow it."
+        )
+        self.region = pg.LinearRegionItem(brush=pg.mkBrush(120, 120, 120, 30))
+        self.region.setZValue(-10)
+        self.region.sigRegionChangeFinished.connect(self._on_region)
+        self.moment_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#d62728", width=2))
+        self.plot.scene().sigMouseClicked.connect(self._on_click)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
+        for col in range(1, len(COLUMNS)):
+            self.table.horizontalHeader().setSectionResizeMode(col, QHeaderView.ResizeToContents)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table.setSelectionBehavior(QTableWidget.SelectRows)
+        self.table.setToolTip("Allocations live at the chosen moment, by the line that made them")
+        self.table.currentCellChanged.connect(self._show_stack)
+        self.stack_view = QPlainTextEdit()
+        self.stack_view.setReadOnly(True)
+        self.stack_view.setPlaceholderText("Select a row to see its stack (innermost first)")
+        self.segments_label = QLabel()
+        self.segments_label.setWordWrap(True)
+        right = QVBoxLayout()
+        right.addWidget(QLabel("Stack of the largest allocation of the selected row:"))
+        right.addWidget(self.stack_view, 1)
+        right.addWidget(self.segments_label)
+        right_box = QWidget()
+        right_box.setLayout(right)
+        lower = QSplitter(Qt.Horizontal)
+        lower.addWidget(self.table)
+        lower.addWidget(right_box)
+        lower.setSizes([700, 500])
+        body = QSplitter(Qt.Vertical)
+        body.addWidget(self.plot)
+        body.addWidget(lower)
+        body.setSizes([420, 340])
+        self.moment_label = QLabel()
+        layout = QVBoxLayout()
+        layout.addLayout(top)
+        layout.addWidget(body, 1)
+        layout.addWidget(self.moment_label)
+        central = QWidget()
+        central.setLayout(layout)
+        self.setCentralWidget(central)
+        self._show_device()
+
+    # -- what it shows --------------------------------------------------------------------------
+    @property
+    def device(self) -> int:
+        """The device shown."""
+        data = self.device_combo.currentData()
+        return int(data) if data is not None else 0
+
+    @Slot()
+    def _show_device(self) -> None:
+        index, device = self.index, self.device
+        self.line = analysis.timeline(index, device)
+        times, curves, _ = analysis.category_curves(index, device)
+        self.t0 = int(self.line.time_us[0]) if len(self.line.time_us) else 0
+        x = (times - self.t0) / 1e6
+        self.plot.clear()
+        if self.plot.plotItem.legend is not None:
+            self.plot.plotItem.legend.clear()
+        below = np.zeros(len(x))
+        for cat, color in CATEGORY_COLORS.items():
+            above = below + curves[cat] / MiB
+            if curves[cat].any():
+                low = pg.PlotCurveItem(x, below, pen=pg.mkPen(color, width=0))
+                high = pg.PlotCurveItem(x, above, pen=pg.mkPen(color, width=1), name=cat)
+                fill = pg.mkColor(color)
+                fill.setAlpha(170)
+                self.plot.addItem(pg.FillBetweenItem(low, high, brush=pg.mkBrush(fill)))
+                self.plot.addItem(high)
+            below = above
+        self.plot.addItem(self.region)
+        self.plot.addItem(self.moment_line)
+        if len(x):
+            self.region.setRegion((float(x[0]), float(x[-1])))
+        peak, when, event = self.line.peak
+        seg = analysis.segments(index, device)
+        self.facts.setText(
+            f"{index.meta.get('events', 0):,} events · peak active {format_bytes(peak)} at "
+            f"{(when - self.t0) / 1e6:.3f} s · at the end {format_bytes(seg.reserved)} "
+            f"reserved in {seg.segments} segments"
+        )
+        self.segments_label.setText(
+            f"Allocator at the end: {seg.segments} segments, {format_bytes(seg.reserved)} "
+            f"reserved, {format_bytes(seg.allocated)} allocated; fragmentation "
+            f"{seg.fragmentation:.0%} of reserved is free, {format_bytes(seg.inactive_split)} "
+            "of it in split segments (free, yet unusable for a large request)."
+        )
+        self.set_moment(event)
+
+    def set_moment(self, event: int) -> None:
+        """Show what was live just after event row ``event`` (-1: before the trace)."""
+        self.moment = event
+        if 0 <= event < len(self.index.ev_time):
+            when = int(self.index.ev_time[event])
+            active = self.line.active[np.searchsorted(self.line.events, event)]
+        else:
+            when, active = self.t0, self.line.initial
+        self.moment_line.setValue((when - self.t0) / 1e6)
+        live = analysis.live_at(self.index, self.device, event)
+        self.groups = analysis.by_owner(self.index, live, top=None)
+        self.table.setRowCount(len(self.groups))
+        for row, g in enumerate(self.groups):
+            cells = (g.frame, format_bytes(g.bytes), f"{g.count:,}", g.category)
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if col in (1, 2):
+                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                if col == 0:
+                    item.setToolTip("\n".join(g.stack))
+                self.table.setItem(row, col, item)
+        self.moment_label.setText(
+            f"At {(when - self.t0) / 1e6:.6f} s: {format_bytes(int(active))} active in "
+            f"{len(live):,} allocations, by {len(self.groups):,} lines"
+        )
+        if self.groups:
+            self.table.selectRow(0)
+
+    @Slot(int, int, int, int)
+    def _show_stack(self, row: int, *_: int) -> None:
+        if 0 <= row < len(self.groups):
+            g = self.groups[row]
+            self.stack_view.setPlainText("\n".join(g.stack) or "(no stack was recorded)")
+
+    @Slot(object)
+    def _on_click(self, event: object) -> None:
+        pos = event.scenePos()  # type: ignore[attr-defined]
+        if not self.plot.sceneBoundingRect().contains(pos):
+            return
+        x = self.plot.plotItem.vb.mapSceneToView(pos).x()
+        self.set_moment(self._event_at(self.t0 + x * 1e6))
+
+    def _event_at(self, time_us: float) -> int:
+        """The last event of the device at or before ``time_us``."""
+        times = self.line.time_us
+        i = int(np.searchsorted(times, time_us, side="right")) - 1
+        return int(self.line.events[i]) if i >= 0 else -1
+
+    @Slot()
+    def _on_region(self) -> None:
+        """The moment becomes the peak within the range."""
+        lo, hi = self.region.getRegion()
+        times = (self.line.time_us - self.t0) / 1e6
+        inside = np.flatnonzero((times >= lo) & (times <= hi))
+        if len(inside):
+            best = inside[int(np.argmax(self.line.active[inside]))]
+            self.set_moment(int(self.line.events[best]))
+
+
+class SnapshotOpener(QObject):
+    """Opens snapshots for a parent window: a progress dialog with Cancel, then a window
+    (or the reason in a message box)."""
+
+    opened = Signal(object)  # the SnapshotWindow
+    failed = Signal(str)
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.parent_widget = parent
+        self.windows: list[SnapshotWindow] = []
+        self._thread: QThread | None = None
+        self._loader: SnapshotLoader | None = None
+        self._dialog: QProgressDialog | None = None
+
+    @property
+    def busy(self) -> bool:
+        """True while a snapshot is being read."""
+        return self._thread is not None
+
+    def open(self, path: str) -> bool:
+        """Start reading ``path``; False if another is being read."""
+        if self.busy:
+            return False
+        dialog = QProgressDialog(
+            f"Reading {Path(path).name}…", "Cancel", 0, 1000, self.parent_widget
+        )
+        dialog.setWindowTitle("Open memory snapshot")
+        dialog.setMinimumDuration(300)
+        dialog.setAutoClose(False)
+        dialog.setAutoReset(False)
+        loader = SnapshotLoader(path)
+        # Slots of this object (in the GUI thread): queued, never run in the loader's.
+        loader.progress.connect(self._on_progress)
+        loader.failed.connect(self._on_failed)
+        loader.finished.connect(self._on_finished)
+        dialog.canceled.connect(loader.cancel_event.set)
+        self._dialog, self._loader = dialog, loader
+        self._thread = start_in_thread(loader, "torchmem-snapshot", loader.run, loader.finished)
+        return True
+
+    @Slot(float)
+    def _on_progress(self, share: float) -> None:
+        if self._dialog is not None:
+            self._dialog.setValue(int(share * 1000))
+
+    @Slot(str)
+    def _on_failed(self, text: str) -> None:
+        self.failed.emit(text)
+
+    @Slot(object)
+    def _on_finished(self, index: SnapshotIndex | None) -> None:
+        if self._thread is not None:
+            wait_thread(self._thread, 5000)
+        self._thread = self._loader = None
+        if self._dialog is not None:
+            self._dialog.close()
+            self._dialog.deleteLater()
+            self._dialog = None
+        if index is not None:
+            window = SnapshotWindow(index)
+            self.windows.append(window)
+            window.show()
+            self.opened.emit(window)
+
+    def shutdown(self, timeout_ms: int = 5000) -> bool:
+        """Cancel a reading in progress and wait for its thread."""
+        if self._loader is not None:
+            self._loader.cancel_event.set()
+        if self._thread is None:
+            return True
+        done = wait_thread(self._thread, timeout_ms)
+        if done:
+            self._thread = None
+        return done

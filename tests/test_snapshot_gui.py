@@ -1,0 +1,88 @@
+"""The Snapshot window, as a user opens it: from the File menu's opener or a drop, read
+with a progress dialog, then the peak, the live set and the stacks."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent
+from PySide6.QtWidgets import QPushButton
+from snapshot_files import MiB, random_snapshot, small_snapshot, write
+
+OPEN_TIMEOUT_MS = 60_000
+
+
+@pytest.fixture
+def opened(qtbot, make_window, tmp_path):
+    """The main window, and a Snapshot window on the hand-made snapshot."""
+    window = make_window()
+    path = write(tmp_path / "small.pickle", small_snapshot())
+    with qtbot.waitSignal(window.snapshots.opened, timeout=OPEN_TIMEOUT_MS) as signal:
+        assert window.snapshots.open(str(path))
+    snap = signal.args[0]
+    qtbot.addWidget(snap)
+    return window, snap
+
+
+def test_it_opens_at_the_peak_with_the_live_set_by_line(opened):
+    _, snap = opened
+    assert "peak active 13.50 MiB" in snap.facts.text()
+    table = snap.table
+    rows = [(table.item(r, 0).text(), table.item(r, 1).text(), table.item(r, 3).text())
+            for r in range(table.rowCount())]  # fmt: skip
+    assert rows[0] == ("main (train.py:50)", "8.00 MiB", "gradient")
+    assert ("main (train.py:40)", "3.00 MiB", "optimizer state") in rows
+    assert "backward (/x/torch/_tensor.py:600)" in snap.stack_view.toPlainText()
+    assert "13.50 MiB active in 4 allocations" in snap.moment_label.text()
+    legend = {item.name() for item in snap.plot.plotItem.listDataItems() if item.name()}
+    assert legend == {"parameter", "optimizer state", "gradient", "activation", "other"}
+
+
+def test_a_moment_and_a_range_narrow_what_is_shown(opened):
+    _, snap = opened
+    before_c_freed = int(snap.line.events[2])  # after D's alloc: B, C, D and the old ones
+    snap.set_moment(before_c_freed)
+    kinds = {snap.table.item(r, 3).text() for r in range(snap.table.rowCount())}
+    assert "activation" in kinds and "gradient" not in kinds
+    assert "10.50 MiB active" in snap.moment_label.text()
+    snap.region.setRegion((0, 1.5e-6))  # the first two microseconds after the first event
+    snap._on_region()
+    assert "7.50 MiB active" in snap.moment_label.text()
+
+
+def test_a_file_that_is_not_a_snapshot_is_said_in_the_banner(qtbot, make_window, tmp_path):
+    window = make_window()
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(b"not a pickle")
+    with qtbot.waitSignal(window.snapshots.failed, timeout=OPEN_TIMEOUT_MS):
+        window.snapshots.open(str(bad))
+    qtbot.waitUntil(lambda: not window.snapshots.busy, timeout=OPEN_TIMEOUT_MS)
+    assert "not a pickle" in window.banner.text() and not window.snapshots.windows
+
+
+def test_cancel_ends_the_reading_process(qtbot, make_window, tmp_path):
+    window = make_window()
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    path = write(tmp_path / "big.pickle", random_snapshot(400_000, 5))
+    window.snapshots.open(str(path))
+    qtbot.waitUntil(lambda: window.snapshots._dialog.value() > 0, timeout=OPEN_TIMEOUT_MS)
+    window.snapshots._dialog.findChild(QPushButton).click()  # the dialog's Cancel button
+    qtbot.waitUntil(lambda: not window.snapshots.busy, timeout=OPEN_TIMEOUT_MS)
+    assert not window.snapshots.windows
+    qtbot.waitUntil(lambda: {p.pid for p in me.children(recursive=True)} <= before, timeout=5000)
+
+
+def test_a_snapshot_dropped_on_the_window_opens(qtbot, make_window, tmp_path):
+    window = make_window()
+    path = write(tmp_path / "dropped.pickle", small_snapshot())
+    data = QMimeData()
+    data.setUrls([QUrl.fromLocalFile(str(path))])
+    drop = QDropEvent(QPointF(10, 10), Qt.CopyAction, data, Qt.LeftButton, Qt.NoModifier)
+    with qtbot.waitSignal(window.snapshots.opened, timeout=OPEN_TIMEOUT_MS) as signal:
+        window.dropEvent(drop)
+    qtbot.addWidget(signal.args[0])
+    assert signal.args[0].index.meta["events"] == 10
+    assert window.act_open_snapshot.shortcut().toString() == "Ctrl+Shift+M"
+    assert MiB  # the helper's unit, used by the fixtures above

@@ -1,0 +1,124 @@
+"""Memory snapshots: read safely, indexed, and the peak and live set equal a replay."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from snapshot_files import MiB, random_snapshot, replay, small_snapshot, write
+
+from torchmem.cli.snapshot import snapshot_info
+from torchmem.snapshots import analysis
+from torchmem.snapshots.index import build_index
+from torchmem.snapshots.open import index_path, open_snapshot
+from torchmem.snapshots.read import SnapshotError, read_snapshot
+
+
+def snapshot_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torchmem", "snapshot", "info", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_small_snapshot_gives_the_figures_computed_by_hand():
+    index = build_index(small_snapshot())
+    line = analysis.timeline(index, 0)
+    assert line.initial == 3 * MiB // 2  # A (freed in the trace) and F (never mentioned)
+    steps = [v / MiB for v, a in zip(line.active, index.ev_action, strict=True) if a in (0, 2)]
+    assert steps == [3.5, 7.5, 10.5, 6.5, 5.5, 13.5, 5.5]
+    peak, when, event = line.peak
+    assert (peak, when) == (27 * MiB // 2, 6)
+    live = analysis.live_at(index, 0, event)
+    assert sorted(int(index.al_size[r]) for r in live) == [MiB // 2, 2 * MiB, 3 * MiB, 8 * MiB]
+    groups = analysis.by_owner(index, live)
+    assert [(g.frame, g.bytes, g.category) for g in groups[:3]] == [
+        ("main (train.py:50)", 8 * MiB, "gradient"),
+        ("main (train.py:40)", 3 * MiB, "optimizer state"),
+        ("main (train.py:10)", 2 * MiB, "parameter"),
+    ]
+    assert analysis.by_category(index, live)["activation"] == 0  # C was freed before
+    seg = analysis.segments(index, 0)
+    assert (seg.segments, seg.reserved, seg.allocated) == (3, 8 * MiB, 11 * MiB // 2)
+    assert seg.inactive_split == 5 * MiB // 2  # the free halves of two split segments
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_peak_and_the_live_set_equal_an_independent_replay(seed):
+    snapshot = random_snapshot(20_000, seed)
+    best, when, at_peak = replay(snapshot)
+    index = build_index(snapshot)
+    peak, t, event = analysis.timeline(index, 0).peak
+    assert (peak, t) == (best, when)
+    live = analysis.live_at(index, 0, event)
+    assert {int(a) for a in index.al_addr[live]} == at_peak
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_every_pickle_protocol_opens_and_the_index_is_reused(tmp_path, protocol):
+    path = write(tmp_path / "snap.pickle", small_snapshot(), protocol)
+    seen: list[float] = []
+    index = open_snapshot(path, seen.append)
+    assert seen and seen[-1] == pytest.approx(1.0) and seen == sorted(seen)
+    assert index_path(path).exists()
+    again = open_snapshot(path, isolated=False)  # from the index: nothing read again
+    assert np.array_equal(again.ev_time, index.ev_time) and again.stacks == index.stacks
+
+
+def test_the_command_line_prints_the_peak_and_its_owners(tmp_path):
+    path = write(tmp_path / "snap.pickle", small_snapshot())
+    r = snapshot_cli("--json", str(path))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["peak_active_bytes"] == 27 * MiB // 2 and data["peak_time_us"] == 6
+    assert data["events"] == 10 and data["segments"] == 3
+    assert data["top_stacks"][0]["frame"] == "main (train.py:50)"
+    text = snapshot_cli(str(path))
+    assert text.returncode == 0 and "peak active 13.50 MiB" in text.stdout
+    assert "gradient" in text.stdout and "main (train.py:40)" in text.stdout
+
+
+def test_the_info_matches_what_the_index_says():
+    data = snapshot_info(build_index(small_snapshot()))
+    assert data["devices"][0]["by_category"]["optimizer state"] == 3 * MiB
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty"),
+        (b"hello, not a pickle", "not a pickle"),
+        (pickle.dumps(small_snapshot())[:200], "truncated or damaged"),
+        (pickle.dumps({"state_dict": {}}), "not a memory snapshot"),
+        (pickle.dumps(OrderedDict(a=1)), "holds Python objects (collections.OrderedDict)"),
+    ],
+)
+def test_a_file_that_is_not_a_snapshot_is_one_clear_line(tmp_path, content, message):
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(content)
+    with pytest.raises(SnapshotError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_snapshot(path)
+    r = snapshot_cli(str(path))
+    assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_missing_file_is_said_so(tmp_path):
+    r = snapshot_cli(str(tmp_path / "nowhere.pickle"))
+    assert r.returncode == 1 and "No such file" in r.stderr
+
+
+def test_the_stacked_timeline_adds_up_and_keeps_the_peak_when_thinned():
+    index = build_index(random_snapshot(30_000, 4))
+    line = analysis.timeline(index, 0)
+    t, curves, rows = analysis.category_curves(index, 0, max_points=800)
+    total = sum(curves.values())
+    assert len(t) <= 1000 and total.max() == line.active.max()
+    assert np.array_equal(total, line.active[np.searchsorted(line.events, rows)])
+    small = build_index(small_snapshot())
+    _, curves, _ = analysis.category_curves(small, 0)
+    assert curves["gradient"].max() == 8 * MiB and curves["activation"][-1] == 0
