@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+from pathlib import Path
 
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QIcon
@@ -85,6 +86,8 @@ def main(opts: argparse.Namespace) -> int:
     elif getattr(opts, "attach", None) is not None:
         window.attach(opts.attach)
     elif script:
+        if getattr(opts, "record", None):
+            window.recordings.recorder.next_path = Path(opts.record).expanduser().resolve()
         window.load_script(script, list(opts.args), run=True, cwd=opts.cwd)
     if getattr(opts, "snapshot", None):
         window.snapshots.open(opts.snapshot)

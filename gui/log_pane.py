@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import shlex
+import time
 
-from PySide6.QtCore import Slot
+from PySide6.QtCore import QTimer, Slot
 from PySide6.QtGui import QColor, QFont, QPalette, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QPlainTextEdit, QWidget
 
@@ -22,6 +23,8 @@ from torchmem.session import Session
 from .bridge import SessionBridge
 
 MAX_LINES = 20000
+#: After an insertion that took t, the next waits PACE x t (the pane's share <= 1/(1+PACE)).
+PACE = 4
 
 
 class LogPane(QPlainTextEdit):
@@ -38,6 +41,13 @@ class LogPane(QPlainTextEdit):
         self.setPlaceholderText("The script's output appears here.")
         self._formats = {}
         self._separate = False
+        self._pending: list[LogRecord] = []
+        self._pending_lines = 0
+        self._skipped = 0
+        self._next_insert = 0.0
+        self._pace_timer = QTimer(self)
+        self._pace_timer.setSingleShot(True)
+        self._pace_timer.timeout.connect(self._insert_pending)
         self.update_formats()
 
     def start_section(self) -> None:
@@ -62,12 +72,70 @@ class LogPane(QPlainTextEdit):
 
     @Slot(list)
     def on_events(self, events: list[Event]) -> None:
-        """Append what each event says, in the order the events happened."""
+        """Append what each event says, in the order the events happened: at once while
+        the output is calm; under a flood, at a pace that keeps the GUI thread's share
+        of the time low (see :meth:`_due`)."""
         records = [r for event in events if (r := self._record(event, self._session))]
         if records and self._separate:
             self._separate = False
             records.insert(0, LogRecord(records[0].t, Stream.TORCHMEM, "─" * 60))
+        for record in records:
+            self._queue(record)
+        if any(isinstance(event, RunFinished) for event in events):
+            self.flush()  # the run's end and its last lines, at once
+        elif self._pending:
+            self._due()
+
+    def _queue(self, record: LogRecord) -> None:
+        """Keep ``record`` for the next insertion; of a flood, keep only the newest
+        ``MAX_LINES`` lines (the pane would drop the older ones on insertion anyway)."""
+        self._pending.append(record)
+        self._pending_lines += record.text.count("\n")
+        keep = MAX_LINES - 2  # room for the "lines not shown" note above them
+        while self._pending_lines > keep and self._pending:
+            oldest = self._pending[0]
+            lines = oldest.text.count("\n")
+            excess = self._pending_lines - keep
+            if lines <= excess:
+                self._pending.pop(0)
+                self._pending_lines -= lines
+                self._skipped += lines
+            else:  # cut the head of this one
+                cut = oldest.text.split("\n", excess)[-1]
+                self._pending[0] = LogRecord(oldest.t, oldest.stream, cut)
+                self._pending_lines -= excess
+                self._skipped += excess
+
+    def _due(self) -> None:
+        """Insert now, or when the pace allows (a single-shot timer)."""
+        wait = self._next_insert - time.monotonic()
+        if wait <= 0:
+            self._insert_pending()
+        elif not self._pace_timer.isActive():
+            self._pace_timer.start(int(wait * 1000) + 1)
+
+    @Slot()
+    def _insert_pending(self) -> None:
+        if not self._pending:
+            return
+        started = time.monotonic()
+        records, self._pending, self._pending_lines = self._pending, [], 0
+        if self._skipped:
+            note = (
+                f"… {self._skipped:,} lines not shown here (a flood of output: the "
+                "terminal and the recorded session have every line)"
+            )
+            records.insert(0, LogRecord(records[0].t, Stream.TORCHMEM, note))
+            self._skipped = 0
         self.append_records(records)
+        took = time.monotonic() - started
+        # The GUI thread shares the GIL with the script: at most a fifth of the time here.
+        self._next_insert = time.monotonic() + PACE * took
+
+    def flush(self) -> None:
+        """Insert whatever is pending now (tests, and before the window shows a result)."""
+        self._pace_timer.stop()
+        self._insert_pending()
 
     def _record(self, event: Event, session: Session) -> LogRecord | None:
         if isinstance(event, LogRecord):

@@ -143,7 +143,8 @@ def test_an_unknown_command_or_a_missing_script_is_a_message_not_a_window(tmp_pa
             capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
         )  # fmt: skip
         assert proc.returncode == 2, proc.stderr
-        assert what in proc.stderr and "commands: run, ps, attach, tune, report" in proc.stderr
+        assert what in proc.stderr
+        assert "(commands: run, ps, attach, tune, lab, snapshot, " in proc.stderr
         assert "PySide6" not in proc.stderr and "core dump" not in proc.stderr
 
 

@@ -193,3 +193,29 @@ def test_two_censuses_of_the_shown_run_compare_in_a_dialog(qtbot, make_window, t
     assert row[:2] == ["grown", "history[*]"] and row[4] == "900 B ×9" and row[5] == "+700 B"
     dialog.after.setCurrentIndex(0)
     assert dialog.table.rowCount() == 0, "a census against itself: nothing changed"
+
+
+def test_record_names_the_file_of_the_next_run_even_with_recording_off(
+    qtbot, make_window, script_path, tmp_path
+):
+    window = make_window()
+    window.recordings.toggle(False)  # Run > Record every run: off
+    chosen = tmp_path / "chosen.tmsession"
+    window.recordings.recorder.next_path = chosen  # what `torchmem --record FILE` sets
+    run_to_the_end(qtbot, window, script_path("train_steps.py"))
+    assert recorded_summary(load(chosen))["steps"] == 20
+    run_to_the_end(qtbot, window, script_path("train_steps.py"))  # once only: off again
+    assert list_sessions(sessions_dir()) == []
+
+
+def test_record_on_the_command_line_is_checked_before_a_window_opens(tmp_path):
+    import subprocess
+    import sys
+
+    taken = tmp_path / "taken.tmsession"
+    taken.write_bytes(b"")
+    r = subprocess.run(
+        [sys.executable, "-m", "torchmem", "--record", str(taken), "x.py"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "already exists" in r.stderr

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
         ("benchmarks/tune_search.py", ["--quick"], "torchmem (fit + verify)"),
         ("benchmarks/reopen_window.py", ["--hours", "0.01"], "first drawn frame"),
         ("benchmarks/snapshot_open.py", ["--events", "2000"], "from the index"),
+        ("benchmarks/log_flood.py", ["--lines", "2000"], "the window"),
         (
             "benchmarks/record_overhead.py",
             ["--blocks", "1", "--steps", "3", "--hours", "0.01"],

@@ -84,6 +84,12 @@ def gui_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--address", metavar="SOCKET", help="the forwarded socket of --attach-entry")
     p.add_argument(
+        "--record",
+        metavar="FILE",
+        help="record the script's run into this new session file (the window records every "
+        "run into the sessions folder anyway; this names the file)",
+    )
+    p.add_argument(
         "--snapshot",
         metavar="PICKLE",
         help="open a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) in a window "
@@ -616,6 +622,10 @@ def _main(argv: list[str]) -> int:
         opts.args = demo_args
     if opts.attach is not None and (opts.script or opts.demo):
         gui_parser().error("give either --attach PID or a script, not both")
+    if opts.record and Path(opts.record).exists():
+        gui_parser().error(f"--record: {opts.record} already exists; choose a new file")
+    if opts.record and not (opts.script or opts.demo):
+        gui_parser().error("--record needs a script (or --demo) to record")
     if opts.script and not Path(opts.script).expanduser().exists():
         # A typo or a command of a later version ("report"), never a window on a script
         # that is not there (without a display, Qt would abort with a core dump).

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from torchmem.events import Event, LogRecord, RunFinished, RunStarted, RunStatus, Stream
+from torchmem.events import Event, RunFinished, RunStarted, RunStatus, Stream
 from torchmem.probe.allocator import allocator_settings
+from torchmem.probe.log_batch import LogBatcher
 from torchmem.probe.steps import ScriptStopped, StepTracker
 
 EXIT_STOPPED = 130  # what a shell reports for a run ended by Ctrl+C
@@ -200,11 +201,13 @@ class ScriptRunner:
         #: (and every tensor its frames hold) is still alive: the OOM census.
         self.on_oom = on_oom
         self.args = list(args)
-        self.emit = emit
+        #: The script's output, coalesced; every other event flushes it first (in order).
+        self._output = LogBatcher(emit, now)
+        self.emit = self._in_order(emit)
         self.now = now
         self.cwd = cwd
         self.capture_output = capture_output
-        self.tracker = StepTracker(emit, now)
+        self.tracker = StepTracker(self.emit, now)
         self._thread_ident: int | None = None
         self._done = threading.Event()
         self._fallback: threading.Timer | None = None
@@ -219,8 +222,15 @@ class ScriptRunner:
         """The thread the script runs in (``None`` before it starts)."""
         return self._thread_ident
 
+    def _in_order(self, emit: Callable[[Event], None]) -> Callable[[Event], None]:
+        def ordered(event: Event) -> None:
+            self._output.flush()
+            emit(event)
+
+        return ordered
+
     def _log(self, stream: Stream, text: str) -> None:
-        self.emit(LogRecord(self.now(), stream, text))
+        self._output.write(stream, text)
 
     def run(self) -> RunFinished:
         """Run the script to its end; never raises for anything the script does."""

@@ -52,6 +52,9 @@ class RunRecorder:
         # Re-entrant: on_problem may note a line in the Session, which comes back here.
         self._lock = threading.RLock()
         self.current: Recorder | None = None
+        #: Where the next run is recorded instead of a new file of the folder (the
+        #: window's ``--record FILE``); used once, and recorded even while disabled.
+        self.next_path: Path | None = None
         #: The newest finished (or current) recording's file.
         self.last_path: Path | None = None
         self._closers: list[threading.Thread] = []
@@ -88,10 +91,11 @@ class RunRecorder:
                     self.current.update_meta({"allocator": dict(started.allocator)})
                 return
             early, self._early = list(self._early), deque(maxlen=EARLY_EVENTS)
-            if not self.enabled:
+            chosen, self.next_path = self.next_path, None
+            if not self.enabled and chosen is None:
                 return
             folder = self.folder or sessions_dir()
-            path = new_session_path(started.script, folder)
+            path = chosen or new_session_path(started.script, folder)
             try:
                 facts = self._facts() if self._facts else {}
                 recorder = start_recording(

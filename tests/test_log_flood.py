@@ -1,0 +1,77 @@
+"""A script that floods its output: few log events, every line kept in order, and a Log
+pane that stays responsive by skipping what it would drop anyway (and says so)."""
+
+from __future__ import annotations
+
+import time
+
+from torchmem.events import LogRecord, Marker, RunFinished, Stream
+from torchmem.gui.log_pane import MAX_LINES, LogPane
+from torchmem.probe.log_batch import LogBatcher
+from torchmem.probe.runner import ScriptRunner
+
+
+def test_a_flood_of_writes_becomes_few_events_with_every_character_in_order():
+    events: list[LogRecord] = []
+    batcher = LogBatcher(events.append, time.monotonic)
+    for i in range(20_000):
+        batcher.write(Stream.STDOUT, f"line {i}")
+        batcher.write(Stream.STDOUT, "\n")
+    batcher.flush()
+    assert len(events) < 200  # one per 50 ms or 64 KiB, not one per write
+    assert "".join(e.text for e in events) == "".join(f"line {i}\n" for i in range(20_000))
+
+
+def test_a_quiet_line_goes_out_at_once_and_streams_keep_their_order():
+    events: list[LogRecord] = []
+    batcher = LogBatcher(events.append, time.monotonic)
+    batcher.write(Stream.STDOUT, "first\n")
+    assert [e.text for e in events] == ["first\n"]  # nothing waits after a quiet spell
+    batcher.write(Stream.STDOUT, "a\n")
+    batcher.write(Stream.STDERR, "b\n")
+    batcher.write(Stream.STDOUT, "c\n")
+    batcher.flush()
+    assert [(e.stream, e.text) for e in events[1:]] == [
+        (Stream.STDOUT, "a\n"), (Stream.STDERR, "b\n"), (Stream.STDOUT, "c\n"),
+    ]  # fmt: skip
+
+
+def test_a_scripts_lines_come_before_the_step_that_follows_them(tmp_path):
+    script = tmp_path / "prints_then_steps.py"
+    script.write_text(
+        "import torch\n"
+        "w = torch.zeros(2, requires_grad=True)\n"
+        "for i in range(3):\n"
+        "    print(f'before step {i + 1}')\n"
+        "    (w * 2).sum().backward()\n"
+    )
+    events: list = []
+    result = ScriptRunner(script, emit=events.append, capture_output=True).run()
+    assert result.exit_code == 0
+    order = [
+        e.text.strip() if isinstance(e, LogRecord) else f"step {e.step}"
+        for e in events
+        if (isinstance(e, LogRecord) and e.text.strip()) or isinstance(e, Marker)
+    ]
+    assert order == [
+        "before step 1", "step 1", "before step 2", "step 2", "before step 3", "step 3",
+    ]  # fmt: skip
+    assert isinstance(events[-1], RunFinished)
+
+
+def test_the_log_pane_skips_what_it_would_drop_and_says_so(qtbot):
+    pane = LogPane()
+    qtbot.addWidget(pane)
+    pane._session = None
+    flood = [LogRecord(0, Stream.STDOUT, "".join(f"{i + j}\n" for j in range(1000)))
+             for i in range(0, 60_000, 1000)]  # fmt: skip
+    pane.on_events(flood)
+    pane.flush()
+    text = pane.toPlainText()
+    assert pane.document().blockCount() <= MAX_LINES + 2
+    assert "40,002 lines not shown here" in text and text.rstrip().endswith("59999")
+    calm = LogPane()
+    qtbot.addWidget(calm)
+    calm._session = None
+    calm.on_events([LogRecord(0, Stream.STDOUT, "epoch 1 done\n")])
+    assert "epoch 1 done" in calm.toPlainText()  # calm output shows at once
