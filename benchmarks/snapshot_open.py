@@ -90,14 +90,16 @@ def peak_of(code: str, env: dict[str, str]) -> tuple[float, int]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=5_000_000)
+    p.add_argument("--file", help="keep the snapshot here, and reuse it if it exists")
     args = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="torchmem-snapshot-"))
     env = {**os.environ, "TORCHMEM_SESSIONS_DIR": str(folder / "sessions")}
-    path = folder / "big.pickle"
-    started = time.perf_counter()
-    write_snapshot(path, args.events)
-    print(f"wrote {args.events:,} events: {format_bytes(path.stat().st_size)} in "
-          f"{time.perf_counter() - started:.1f} s")  # fmt: skip
+    path = Path(args.file) if args.file else folder / "big.pickle"
+    if not path.exists():
+        started = time.perf_counter()
+        write_snapshot(path, args.events)
+        print(f"wrote {args.events:,} events: {format_bytes(path.stat().st_size)} in "
+              f"{time.perf_counter() - started:.1f} s")  # fmt: skip
     info = [sys.executable, "-m", "torchmem", "snapshot", "info", "--json", str(path)]
     cold, out = timed(info, env)
     data = json.loads(out)

@@ -10,12 +10,11 @@ each operation, why it costs what it costs.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from pathlib import Path
 
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -45,7 +44,7 @@ from torchmem.lab.runner import LabCancelled, LabError, run_lab
 from torchmem.probe import nvml
 from torchmem.units import format_bytes
 
-from .workers import start_in_thread, wait_thread
+from .job_panel import JobPanel, JobWorker
 
 #: Checked when the panel opens: the tutorial's first lesson (out of place, in place, a
 #: view, a copy) and the product.
@@ -76,56 +75,34 @@ NONE = "—"
 MiB = 1 << 20
 
 
-class LabWorker(QObject):
+class LabWorker(JobWorker):
     """Measures the jobs in its own thread; each row is reported as it comes."""
 
     #: A row was measured.
     row_done = Signal(object)
-    #: Why the run stopped early (cancelled, or the worker process died).
-    errored = Signal(str)
-    #: Always last: the rows measured.
-    finished = Signal(object)
+    cancelled = LabCancelled
+    cancelled_text = "cancelled: the measurement in flight was ended"
+    known = (LabError,)
+    failed_text = "the lab failed"
 
     def __init__(self, jobs: list[Job], isolated: bool) -> None:
         super().__init__()
         self.jobs = jobs
         self.isolated = isolated
-        self.cancel_event = threading.Event()
 
-    @Slot()
-    def run(self) -> None:
-        """Measure every job; always ends with ``finished``."""
-        rows: list[Row] = []
-        try:
-            rows = run_lab(
-                self.jobs,
-                "process" if self.isolated else "none",
-                self.row_done.emit,
-                self.cancel_event,
-            )
-        except LabCancelled:
-            self.errored.emit("cancelled: the measurement in flight was ended")
-        except LabError as exc:
-            self.errored.emit(str(exc))
-        except Exception as exc:  # torchmem's own failure: said, never a dead thread
-            self.errored.emit(f"the lab failed: {type(exc).__name__}: {exc}")
-        finally:
-            self.finished.emit(rows)
-
-    def cancel(self) -> None:
-        """Stop now, ending the measurement in flight (any thread)."""
-        self.cancel_event.set()
+    def work(self) -> list[Row]:
+        """Measure every job."""
+        mode = "process" if self.isolated else "none"
+        return run_lab(self.jobs, mode, self.row_done.emit, self.cancel_event)
 
 
-class LabPanel(QWidget):
+class LabPanel(JobPanel):
     """Form, progress, plots and table of one lab run at a time."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.rows: list[Row] = []
         self.jobs: list[Job] = []
-        self._thread: QThread | None = None
-        self._worker: LabWorker | None = None
         self._curves: dict[tuple[str, str, str], tuple[pg.PlotDataItem, pg.PlotDataItem]] = {}
         self._build()
         self._update_buttons()
@@ -184,8 +161,7 @@ class LabPanel(QWidget):
         QShortcut(QKeySequence("Ctrl+Return"), self, self.start)
         self.progress = QProgressBar()
         self.progress.setFormat("")
-        self.status = QLabel("Choose operations and sizes, then Run.")
-        self.status.setWordWrap(True)
+        self.status.setText("Choose operations and sizes, then Run.")
 
         form = QFormLayout()
         form.addRow("Operations:", self.op_list)
@@ -292,11 +268,6 @@ class LabPanel(QWidget):
         )  # fmt: skip
 
     # -- running --------------------------------------------------------------------------------
-    @property
-    def running(self) -> bool:
-        """True while a lab run is in progress."""
-        return self._thread is not None
-
     @Slot()
     def start(self) -> bool:
         """Measure with the form's settings; False (and why, in red) if invalid."""
@@ -305,7 +276,7 @@ class LabPanel(QWidget):
         try:
             self.jobs = self._jobs()
         except ValueError as exc:
-            self._say(str(exc), error=True)
+            self.say(str(exc), error=True)
             return False
         self.rows = []
         self.table.setRowCount(0)
@@ -322,33 +293,14 @@ class LabPanel(QWidget):
         self.progress.setValue(0)
         self.progress.setFormat(f"row 1 of {len(self.jobs)}")
         where = "each in a fresh process" if self.isolated_check.isChecked() else "in the window"
-        self._say(f"Measuring {len(self.jobs)} rows, {where}…")
+        self.say(f"Measuring {len(self.jobs)} rows, {where}…")
         worker = LabWorker(self.jobs, self.isolated_check.isChecked())
         worker.row_done.connect(self._on_row)
-        worker.errored.connect(self._on_error)  # a slot: queued to the GUI thread
         worker.finished.connect(self._on_finished)
-        self._worker = worker
-        self._thread = start_in_thread(worker, "torchmem-lab", worker.run, worker.finished)
+        self.start_job(worker, "torchmem-lab")
         self._started = _now()
         self._update_buttons()
         return True
-
-    @Slot()
-    def cancel(self) -> None:
-        """Stop now (the measurement in flight is ended)."""
-        if self._worker is not None:
-            self._worker.cancel()
-            self._say("Cancelling…")
-
-    def shutdown(self, timeout_ms: int = 10000) -> bool:
-        """Cancel and wait for the lab's thread (the window is closing)."""
-        if self._thread is None:
-            return True
-        self.cancel()
-        done = wait_thread(self._thread, timeout_ms)
-        if done:
-            self._thread = self._worker = None
-        return done
 
     @Slot(object)
     def _on_row(self, row: Row) -> None:
@@ -362,12 +314,10 @@ class LabPanel(QWidget):
 
     @Slot(object)
     def _on_finished(self, rows: list[Row]) -> None:
-        if self._thread is not None:
-            wait_thread(self._thread, 5000)
-        self._thread = self._worker = None
+        self.job_ended()
         self.progress.setFormat(f"{len(self.rows)} of {len(self.jobs)} rows")
         if len(self.rows) == len(self.jobs):
-            self._say(self._summary())
+            self.say(self._summary())
         self._update_buttons()
 
     def _summary(self) -> str:
@@ -399,15 +349,7 @@ class LabPanel(QWidget):
         ):  # fmt: skip
             widget.setEnabled(not running)
 
-    @Slot(str)
-    def _on_error(self, text: str) -> None:
-        self._say(text, error=True)
-
     # -- what it shows --------------------------------------------------------------------------
-    def _say(self, text: str, error: bool = False) -> None:
-        self.status.setStyleSheet("color: #c0392b;" if error else "")
-        self.status.setText(text)
-
     def _add_row(self, row: Row) -> None:
         r = self.table.rowCount()
         self.table.insertRow(r)
@@ -474,7 +416,7 @@ class LabPanel(QWidget):
             r = self.rows[row]
             text = r.error or (f"skipped: {r.skipped}" if r.skipped else r.why)
             saved = f" Saved for backward: {', '.join(r.saved)}." if r.saved else ""
-            self._say(f"{r.code or r.op} at n = {r.size:,} ({r.dtype}, {r.device}): {text}.{saved}")
+            self.say(f"{r.code or r.op} at n = {r.size:,} ({r.dtype}, {r.device}): {text}.{saved}")
 
     # -- export ---------------------------------------------------------------------------------
     @Slot()
@@ -492,7 +434,7 @@ class LabPanel(QWidget):
             ok = self.plots.grab().save(path)
         else:
             ok = write_csv(path, self.rows)
-        self._say(f"Saved {path}" if ok else f"Cannot write {path}", error=not ok)
+        self.say(f"Saved {path}" if ok else f"Cannot write {path}", error=not ok)
         return ok
 
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import math
 import shlex
-import threading
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QComboBox,
@@ -50,7 +49,7 @@ from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError,
 from torchmem.tuning.trial import TrialPlan, run_trial, substitute, without_option
 from torchmem.units import UNITS, auto_unit, format_bytes
 
-from .workers import start_in_thread, wait_thread
+from .job_panel import JobPanel, JobWorker
 
 #: A search usually needs about this many trials (for the progress bar until it ends).
 EXPECTED_TRIALS = 6
@@ -59,53 +58,39 @@ BUDGET_COLOR, LIMIT_COLOR, RATE_COLOR, PICK_COLOR = "#d62728", "#ff7f0e", "#2ca0
 COLUMNS = ("#", "Batch", "Why", "Peak", "Predicted", "Result", "Samples/s", "Time")
 
 
-class TuneWorker(QObject):
+class TuneWorker(JobWorker):
     """Runs one search in its own thread; every trial is reported as it ends."""
 
     #: A trial ended: (Trial, the fit after it or None).
     trial_done = Signal(object, object)
-    #: The search ended: a TuneResult, or None when it failed or was cancelled.
-    finished = Signal(object)
-    #: Why the search gave no result (a TuneError's message, or an unexpected error).
-    errored = Signal(str)
+    cancelled = TuneCancelled
+    cancelled_text = "cancelled: no trial is left running"
+    known = (TuneError,)
+    failed_text = "tuning failed"
 
     def __init__(self, plan: TrialPlan, limit: int, minimum: int, maximum: int, rounding: str):
         super().__init__()
         self.plan = plan
         self.limit, self.minimum, self.maximum, self.rounding = limit, minimum, maximum, rounding
-        self.cancel_event = threading.Event()
 
-    @Slot()
-    def run(self) -> None:
-        """Search; always ends with ``finished``."""
-        result: TuneResult | None = None
-        try:
-            search = BatchSearch(
-                lambda batch, role, predicted: run_trial(self.plan, batch, self.cancel_event),
-                self.limit,
-                self.minimum,
-                self.maximum,
-                self.rounding,  # type: ignore[arg-type]
-                on_trial=lambda trial, fit: self.trial_done.emit(trial, fit),
-                cancel=self.cancel_event,
-            )
-            result = search.run()
-        except TuneCancelled:
-            self.errored.emit("cancelled: no trial is left running")
-        except TuneError as exc:
-            self.errored.emit(str(exc))
-        except Exception as exc:  # torchmem's own failure: said, never a dead thread
-            self.errored.emit(f"tuning failed: {type(exc).__name__}: {exc}")
-        finally:
-            self.finished.emit(result)
-
-    def cancel(self) -> None:
-        """Stop before the next trial, ending the running one (any thread)."""
-        self.cancel_event.set()
+    def work(self) -> TuneResult:
+        """Search: a TuneResult (``finished`` carries None when it failed or was cancelled)."""
+        search = BatchSearch(
+            lambda batch, role, predicted: run_trial(self.plan, batch, self.cancel_event),
+            self.limit,
+            self.minimum,
+            self.maximum,
+            self.rounding,  # type: ignore[arg-type]
+            on_trial=lambda trial, fit: self.trial_done.emit(trial, fit),
+            cancel=self.cancel_event,
+        )
+        return search.run()
 
 
-class TunePanel(QWidget):
+class TunePanel(JobPanel):
     """Form, progress, plot and trial table of one batch-size search at a time."""
+
+    CANCELLING = "Cancelling: ending the running trial…"
 
     #: "Use this batch size": (script, its arguments with the batch size filled in).
     use_batch_size = Signal(str, list)
@@ -120,8 +105,6 @@ class TunePanel(QWidget):
         self.result: TuneResult | None = None
         self.plan: TrialPlan | None = None
         self.limit = 0
-        self._thread: QThread | None = None
-        self._worker: TuneWorker | None = None
         self._build_form()
         self._build_plot()
         self._build_table()
@@ -196,8 +179,7 @@ class TunePanel(QWidget):
         self.progress = QProgressBar()
         self.progress.setTextVisible(True)
         self.progress.setFormat("")
-        self.status = QLabel("Pick a script and a budget, then Start.")
-        self.status.setWordWrap(True)
+        self.status.setText("Pick a script and a budget, then Start.")
         self.status.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self._default_budget()
 
@@ -381,11 +363,6 @@ class TunePanel(QWidget):
         return replace(plan, record_dir=self.record_dir), budget - room, room
 
     # -- the search -----------------------------------------------------------------------------
-    @property
-    def running(self) -> bool:
-        """True while a search runs."""
-        return self._thread is not None
-
     @Slot()
     def start(self) -> bool:
         """Start a search with the form's settings; False (and why, in red) if invalid."""
@@ -394,7 +371,7 @@ class TunePanel(QWidget):
         try:
             self.plan, self.limit, room = self._plan()
         except TuneError as exc:
-            self._say(str(exc), error=True)
+            self.say(str(exc), error=True)
             return False
         self.trials, self.fit, self.result = [], None, None
         self.table.setRowCount(0)
@@ -402,7 +379,7 @@ class TunePanel(QWidget):
         self.progress.setRange(0, EXPECTED_TRIALS)
         self.progress.setValue(0)
         self.progress.setFormat("trial 1 of about %m")
-        self._say(
+        self.say(
             f"Trials of {self._function() or Path(self.plan.script).name} must stay under "
             f"{format_bytes(self.limit)} (budget {format_bytes(self.plan.budget_bytes)} − "
             f"headroom {format_bytes(room)}). Each trial is a separate process."
@@ -415,29 +392,10 @@ class TunePanel(QWidget):
             self.rounding_combo.currentData(),
         )
         worker.trial_done.connect(self._on_trial)
-        worker.errored.connect(self._on_error)  # a slot: queued to the GUI thread
         worker.finished.connect(self._on_finished)
-        self._worker = worker
-        self._thread = start_in_thread(worker, "torchmem-tune", worker.run, worker.finished)
+        self.start_job(worker, "torchmem-tune")
         self._update_buttons()
         return True
-
-    @Slot()
-    def cancel(self) -> None:
-        """Stop the search now (the running trial's process is ended first)."""
-        if self._worker is not None:
-            self._worker.cancel()
-            self._say("Cancelling: ending the running trial…")
-
-    def shutdown(self, timeout_ms: int = 10000) -> bool:
-        """Cancel and wait for the search's thread (the window is closing)."""
-        if self._thread is None:
-            return True
-        self.cancel()
-        done = wait_thread(self._thread, timeout_ms)
-        if done:
-            self._thread = self._worker = None
-        return done
 
     @Slot(object, object)
     def _on_trial(self, trial: Trial, fit: Fit | None) -> None:
@@ -454,9 +412,7 @@ class TunePanel(QWidget):
 
     @Slot(object)
     def _on_finished(self, result: TuneResult | None) -> None:
-        if self._thread is not None:
-            wait_thread(self._thread, 5000)
-        self._thread = self._worker = None
+        self.job_ended()
         self.result = result
         self.progress.setRange(0, max(len(self.trials), 1))
         self.progress.setValue(len(self.trials))
@@ -464,19 +420,11 @@ class TunePanel(QWidget):
         if result is not None:
             self.fit = result.fit
             option = "batch size" if self._function() or not self.plan else self.plan.batch_arg
-            self._say(_explain(result, option))
+            self.say(_explain(result, option))
         self._redraw()
         self._update_buttons()
 
-    @Slot(str)
-    def _on_error(self, text: str) -> None:
-        self._say(text, error=True)
-
     # -- what it shows --------------------------------------------------------------------------
-    def _say(self, text: str, error: bool = False) -> None:
-        self.status.setStyleSheet("color: #c0392b;" if error else "")
-        self.status.setText(text)
-
     def _add_row(self, trial: Trial) -> None:
         row = self.table.rowCount()
         self.table.insertRow(row)
@@ -636,7 +584,7 @@ class TunePanel(QWidget):
             else:
                 text = shlex.join(["python", self.plan.script, *self.recommended_args()])
             QGuiApplication.clipboard().setText(text)
-            self._say(f"Copied: {text}")
+            self.say(f"Copied: {text}")
 
     @Slot()
     def _export_dialog(self) -> None:
@@ -670,9 +618,9 @@ class TunePanel(QWidget):
                 )  # fmt: skip
                 Path(path).write_text(json.dumps(data, indent=2) + "\n")
         except OSError as exc:
-            self._say(f"Cannot export to {path}: {exc}", error=True)
+            self.say(f"Cannot export to {path}: {exc}", error=True)
             return
-        self._say(f"Exported {path}")
+        self.say(f"Exported {path}")
 
 
 def _line(

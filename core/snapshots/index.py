@@ -106,15 +106,17 @@ class _Stacks:
     def id_of(self, frames: Any) -> int:
         if not frames:
             return -1
-        key = tuple(
-            f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})"
-            for f in frames
-            if isinstance(f, dict)
-        )
+        try:  # the raw values as the key: formatting happens once per distinct stack
+            key = tuple([tuple(f.values()) for f in frames])
+        except AttributeError:  # not a list of dicts
+            return -1
         found = self.ids.get(key)
         if found is None:
             found = self.ids[key] = len(self.stacks)
-            self.stacks.append(list(key))
+            self.stacks.append([
+                f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})"
+                for f in frames
+            ])  # fmt: skip
         return found
 
 
@@ -133,16 +135,18 @@ def build_index(
     for device, trace in enumerate(traces):
         if not isinstance(trace, list):
             continue
-        for i, e in enumerate(trace):
+        dev, times, actions, addrs, sizes, ids = (c.append for c in columns)
+        id_of, code_of = stacks.id_of, codes.get
+        for i, e in enumerate(trace):  # the hot loop of a multi-million-event file
             if not isinstance(e, dict):
                 continue
-            columns[0].append(device)
-            # Traces before torch 2.1 have no times: their order is their clock.
-            columns[1].append(int(e.get("time_us", i)))
-            columns[2].append(codes.get(e.get("action", ""), UNKNOWN_ACTION))
-            columns[3].append(int(e.get("addr", 0)))
-            columns[4].append(int(e.get("size", 0)))
-            columns[5].append(stacks.id_of(e.get("frames")))
+            get = e.get
+            dev(device)
+            times(get("time_us", i))  # traces before torch 2.1 have no times: their order
+            actions(code_of(get("action", ""), UNKNOWN_ACTION))
+            addrs(get("addr", 0))
+            sizes(get("size", 0))
+            ids(id_of(get("frames")))
         done += len(trace)
         if progress is not None:
             progress(done / total)
