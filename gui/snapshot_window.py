@@ -18,15 +18,18 @@ import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 from PySide6.QtWidgets import (
     QComboBox,
+    QFileDialog,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QMainWindow,
     QPlainTextEdit,
     QProgressDialog,
+    QPushButton,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -48,6 +51,7 @@ CATEGORY_COLORS = {
     "other": "#bab0ab",
 }
 COLUMNS = ("Allocated by", "Bytes", "Allocations", "Kind")
+DIFF_COLUMNS = ("Allocated by", "Here", "Compared", "Change", "Kind")
 MiB = 1 << 20
 
 
@@ -83,9 +87,17 @@ class SnapshotLoader(QObject):
 class SnapshotWindow(QMainWindow):
     """One snapshot: timeline, the live set at a moment, stacks, segments."""
 
-    def __init__(self, index: SnapshotIndex, parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        index: SnapshotIndex,
+        parent: QWidget | None = None,
+        opener: SnapshotOpener | None = None,
+    ) -> None:
         super().__init__(parent)
         self.index = index
+        self.opener = opener
+        self.other: SnapshotIndex | None = None
+        self.end_segments = ""
         self.groups: list[analysis.StackGroup] = []
         name = Path(index.meta.get("file", "snapshot")).name
         self.setWindowTitle(f"Memory snapshot – {name}")
@@ -101,6 +113,15 @@ class SnapshotWindow(QMainWindow):
         top.addWidget(QLabel("Device:"))
         top.addWidget(self.device_combo)
         top.addWidget(self.facts, 1)
+        self.compare_button = QPushButton("Compare with…")
+        self.compare_button.setToolTip(
+            "Open a second snapshot (after a change, another batch size): its active memory "
+            "drawn over this one, aligned at the first event, and what each line held at "
+            "each peak"
+        )
+        self.compare_button.clicked.connect(self._choose_other)
+        self.compare_button.setEnabled(opener is not None)
+        top.addWidget(self.compare_button)
 
         self.plot = pg.PlotWidget()
         self.plot.setLabel("left", "active memory (MiB)")
@@ -139,8 +160,21 @@ class SnapshotWindow(QMainWindow):
         right.addWidget(self.segments_label)
         right_box = QWidget()
         right_box.setLayout(right)
+        self.diff_table = QTableWidget(0, len(DIFF_COLUMNS))
+        self.diff_table.setHorizontalHeaderLabels(DIFF_COLUMNS)
+        self.diff_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
+        for col in range(1, len(DIFF_COLUMNS)):
+            self.diff_table.horizontalHeader().setSectionResizeMode(
+                col, QHeaderView.ResizeToContents
+            )
+        self.diff_table.verticalHeader().setVisible(False)
+        self.diff_table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.table, "Live at the moment")
+        self.tabs.addTab(self.diff_table, "Compared at the peaks")
+        self.tabs.setTabEnabled(1, False)
         lower = QSplitter(Qt.Horizontal)
-        lower.addWidget(self.table)
+        lower.addWidget(self.tabs)
         lower.addWidget(right_box)
         lower.setSizes([700, 500])
         body = QSplitter(Qt.Vertical)
@@ -185,22 +219,22 @@ class SnapshotWindow(QMainWindow):
                 self.plot.addItem(pg.FillBetweenItem(low, high, brush=pg.mkBrush(fill)))
                 self.plot.addItem(high)
             below = above
+        seg = analysis.segments(index, device)
+        self.end_segments = (
+            f"At the end: {seg.segments} segments, {format_bytes(seg.reserved)} reserved, "
+            f"{format_bytes(seg.allocated)} allocated; {seg.fragmentation:.0%} of reserved "
+            f"is free, {format_bytes(seg.inactive_split)} of it in split segments (free, yet "
+            "unusable for a request larger than its pieces)."
+        )
         self.plot.addItem(self.region)
         self.plot.addItem(self.moment_line)
         if len(x):
             self.region.setRegion((float(x[0]), float(x[-1])))
         peak, when, event = self.line.peak
-        seg = analysis.segments(index, device)
         self.facts.setText(
             f"{index.meta.get('events', 0):,} events · peak active {format_bytes(peak)} at "
             f"{(when - self.t0) / 1e6:.3f} s · at the end {format_bytes(seg.reserved)} "
             f"reserved in {seg.segments} segments"
-        )
-        self.segments_label.setText(
-            f"Allocator at the end: {seg.segments} segments, {format_bytes(seg.reserved)} "
-            f"reserved, {format_bytes(seg.allocated)} allocated; fragmentation "
-            f"{seg.fragmentation:.0%} of reserved is free, {format_bytes(seg.inactive_split)} "
-            "of it in split segments (free, yet unusable for a large request)."
         )
         self.set_moment(event)
 
@@ -229,8 +263,69 @@ class SnapshotWindow(QMainWindow):
             f"At {(when - self.t0) / 1e6:.6f} s: {format_bytes(int(active))} active in "
             f"{len(live):,} allocations, by {len(self.groups):,} lines"
         )
+        self._show_segments(event)
         if self.groups:
             self.table.selectRow(0)
+
+    def _show_segments(self, event: int) -> None:
+        """The allocator's segments at the moment (from the trace's segment events)."""
+        traced = analysis.traces_segments(self.index, self.device)
+        segs = analysis.segments_at(self.index, self.device, event) if traced else []
+        if not segs:
+            self.segments_label.setText(self.end_segments)
+            return
+        reserved = sum(s.size for s in segs)
+        allocated = sum(s.allocated for s in segs)
+        largest = max(s.largest_free for s in segs)
+        self.segments_label.setText(
+            f"Allocator at the moment: {len(segs)} segments, {format_bytes(reserved)} "
+            f"reserved, {format_bytes(allocated)} allocated, {format_bytes(reserved - allocated)}"
+            f" free in them, the largest free block {format_bytes(largest)}: a larger "
+            "request needs a new segment from the device (or fails). " + self.end_segments
+        )
+
+    @Slot()
+    def _choose_other(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Compare with a snapshot", "", "Snapshots (*.pickle *.pkl);;All files (*)"
+        )
+        if path and self.opener is not None:
+            self.opener.open(path, compare_to=self)
+
+    def compare_with(self, other: SnapshotIndex) -> None:
+        """Draw ``other``'s active memory over this one's (aligned at the first event),
+        and fill the table of what each line held at each peak."""
+        self.other = other
+        device = self.device if self.device in other.devices else min(other.devices or [0])
+        line = analysis.timeline(other, device)
+        keep = analysis.thin(line.active, 4000)
+        start = int(line.time_us[0]) if len(line.time_us) else 0
+        name = Path(other.meta.get("file", "other")).name
+        curve = pg.PlotCurveItem(
+            (line.time_us[keep] - start) / 1e6,
+            line.active[keep] / MiB,
+            pen=pg.mkPen("#ffffff", width=2, style=Qt.DashLine),
+            name=f"compared: {name}",
+        )
+        self.plot.addItem(curve)
+        mine, theirs, diffs = analysis.compare_peaks(self.index, other, device)
+        self.diff_table.setRowCount(len(diffs))
+        for row, d in enumerate(diffs):
+            cells = (
+                d.frame, format_bytes(d.before), format_bytes(d.after),
+                format_bytes(d.change, signed=True), d.category,
+            )  # fmt: skip
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if 1 <= col <= 3:
+                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                self.diff_table.setItem(row, col, item)
+        self.tabs.setTabEnabled(1, True)
+        self.tabs.setCurrentIndex(1)
+        self.moment_label.setText(
+            f"Peak active: {format_bytes(mine)} here, {format_bytes(theirs)} in {name} "
+            f"({format_bytes(theirs - mine, signed=True)})"
+        )
 
     @Slot(int, int, int, int)
     def _show_stack(self, row: int, *_: int) -> None:
@@ -277,16 +372,19 @@ class SnapshotOpener(QObject):
         self._thread: QThread | None = None
         self._loader: SnapshotLoader | None = None
         self._dialog: QProgressDialog | None = None
+        self._compare_to: SnapshotWindow | None = None
 
     @property
     def busy(self) -> bool:
         """True while a snapshot is being read."""
         return self._thread is not None
 
-    def open(self, path: str) -> bool:
-        """Start reading ``path``; False if another is being read."""
+    def open(self, path: str, compare_to: SnapshotWindow | None = None) -> bool:
+        """Start reading ``path`` (for a window of its own, or to be compared in
+        ``compare_to``); False if another is being read."""
         if self.busy:
             return False
+        self._compare_to = compare_to
         dialog = QProgressDialog(
             f"Reading {Path(path).name}…", "Cancel", 0, 1000, self.parent_widget
         )
@@ -322,8 +420,11 @@ class SnapshotOpener(QObject):
             self._dialog.close()
             self._dialog.deleteLater()
             self._dialog = None
-        if index is not None:
-            window = SnapshotWindow(index)
+        target, self._compare_to = self._compare_to, None
+        if index is not None and target is not None:
+            target.compare_with(index)
+        elif index is not None:
+            window = SnapshotWindow(index, opener=self)
             self.windows.append(window)
             window.show()
             self.opened.emit(window)

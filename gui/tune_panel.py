@@ -193,6 +193,12 @@ class TunePanel(JobPanel):
         self.fail_points = pg.ScatterPlotItem(
             size=12, symbol="x", brush=pg.mkBrush(FAIL_COLOR), pen=pg.mkPen(FAIL_COLOR)
         )
+        # Accelerators: peak allocated beside peak reserved (hollow dots, a dotted model);
+        # the gap between the two is the allocator's cache.
+        self.alloc_points = pg.ScatterPlotItem(
+            size=8, brush=pg.mkBrush(None), pen=pg.mkPen(OK_COLOR, width=1.5)
+        )
+        self.alloc_curve = pg.PlotDataItem(pen=pg.mkPen(OK_COLOR, width=1, style=Qt.DotLine))
         self.fit_curve = pg.PlotDataItem(pen=pg.mkPen(FIT_COLOR, width=2, style=Qt.DashLine))
         self.band = pg.FillBetweenItem(
             pg.PlotDataItem(), pg.PlotDataItem(), brush=pg.mkBrush(127, 127, 127, 40)
@@ -203,7 +209,10 @@ class TunePanel(JobPanel):
         self.total_line = _line(0, FIT_COLOR, Qt.SolidLine, 1, "device total", 0.55)
         self.predicted_line = _line(90, FIT_COLOR, Qt.DashLine, 1, "predicted", 0.95)
         self.pick_line = _line(90, PICK_COLOR, Qt.SolidLine, 2, "recommended", 0.85)
-        for it in (self.band, self.fit_curve, self.ok_points, self.fail_points):
+        for it in (
+            self.band, self.fit_curve, self.alloc_curve, self.alloc_points, self.ok_points,
+            self.fail_points,
+        ):  # fmt: skip
             item.addItem(it)
         lines = (
             self.budget_line, self.limit_line, self.total_line, self.predicted_line,
@@ -232,8 +241,10 @@ class TunePanel(JobPanel):
         self.plot.setToolTip(
             "Each dot is a trial: its peak memory at that batch size. The dashed curve is "
             "the fitted memory model (its band: ± the residuals), drawn out to the budget; "
-            "red crosses ran out of memory or crossed the budget. Triangles: throughput "
-            "(right axis), the circled one its knee."
+            "red crosses ran out of memory or crossed the budget. On an accelerator the "
+            "dots are peak reserved (what the budget is on) and the hollow dots peak "
+            "allocated, with their own dotted model: the gap is the allocator's cache. "
+            "Triangles: throughput (right axis), the circled one its knee."
         )
 
     def _build_table(self) -> None:
@@ -465,6 +476,11 @@ class TunePanel(JobPanel):
             [math.log2(t.batch_size) for t in bad],
             [(t.peak_bytes or top) / scale for t in bad],
         )
+        allocated = [t for t in ok if t.peak_allocated_bytes is not None]
+        self.alloc_points.setData(
+            [math.log2(t.batch_size) for t in allocated],
+            [t.peak_allocated_bytes / scale for t in allocated],
+        )
         self._draw_fit(scale)
         self._draw_rates()
         memory = nvml.device_memory(plan.device) if plan and not plan.on_cpu else None
@@ -499,6 +515,7 @@ class TunePanel(JobPanel):
         fit = self.fit
         if fit is None or not self.trials:
             self.fit_curve.setData([], [])
+            self.alloc_curve.setData([], [])
             self.band.curves[0].setData([], [])
             self.band.curves[1].setData([], [])
             return
@@ -508,6 +525,11 @@ class TunePanel(JobPanel):
         xs = np.exp2(np.linspace(math.log2(min(sizes)), math.log2(max(right, 2)), 120))
         ys = np.array([fit.peak(x) for x in xs])
         self.fit_curve.setData(np.log2(xs), ys / scale)
+        allocated = self.result.fit_allocated if self.result else None
+        if allocated is not None:
+            self.alloc_curve.setData(np.log2(xs), np.array([allocated.peak(x) for x in xs]) / scale)
+        else:
+            self.alloc_curve.setData([], [])
         band = 2 * fit.rms_residual
         self.band.curves[0].setData(np.log2(xs), (ys - band) / scale)
         self.band.curves[1].setData(np.log2(xs), (ys + band) / scale)

@@ -86,3 +86,22 @@ def test_a_snapshot_dropped_on_the_window_opens(qtbot, make_window, tmp_path):
     assert signal.args[0].index.meta["events"] == 10
     assert window.act_open_snapshot.shortcut().toString() == "Ctrl+Shift+M"
     assert MiB  # the helper's unit, used by the fixtures above
+
+
+def test_a_second_snapshot_is_drawn_over_the_first_and_compared_by_line(qtbot, opened, tmp_path):
+    window, snap = opened
+    after = small_snapshot()
+    for event in after["device_traces"][0]:
+        if event["size"] == 8 * MiB:  # the gradient doubled
+            event["size"] = 16 * MiB
+    path = write(tmp_path / "after.pickle", after)
+    assert snap.compare_button.isEnabled() and not snap.tabs.isTabEnabled(1)
+    assert window.snapshots.open(str(path), compare_to=snap)
+    qtbot.waitUntil(lambda: snap.other is not None, timeout=OPEN_TIMEOUT_MS)
+    assert snap.tabs.isTabEnabled(1) and snap.tabs.currentIndex() == 1
+    first = [snap.diff_table.item(0, c).text() for c in range(5)]
+    assert first == ["main (train.py:50)", "8.00 MiB", "16.00 MiB", "+8.00 MiB", "gradient"]
+    assert "(+8.00 MiB)" in snap.moment_label.text()
+    names = {i.name() for i in snap.plot.plotItem.listDataItems() if i.name()}
+    assert "compared: after.pickle" in names
+    assert len(window.snapshots.windows) == 1  # compared in place, not a new window

@@ -122,3 +122,65 @@ def test_the_stacked_timeline_adds_up_and_keeps_the_peak_when_thinned():
     small = build_index(small_snapshot())
     _, curves, _ = analysis.category_curves(small, 0)
     assert curves["gradient"].max() == 8 * MiB and curves["activation"][-1] == 0
+
+
+def test_two_snapshots_compare_by_line_at_their_peaks(tmp_path):
+    from snapshot_files import GRADIENT, alloc, frames, free
+
+    before = small_snapshot()
+    after = small_snapshot()
+    trace = after["device_traces"][0]
+    for event in trace:
+        if event["size"] == 8 * MiB:  # the gradient doubled (a bigger batch)
+            event["size"] = 16 * MiB
+    extra = frames("forward@new_head.py:7", "main@train.py:31")
+    trace[-2:-2] = [alloc(0x900000, 2 * MiB, 6, extra)]  # a new line, live at the peak
+    trace += free(0x900000, 2 * MiB, 8)
+    a = write(tmp_path / "before.pickle", before)
+    b = write(tmp_path / "after.pickle", after)
+    index_a, index_b = build_index(before), build_index(after)
+    peak_a, peak_b, diffs = analysis.compare_peaks(index_a, index_b)
+    assert (peak_a, peak_b) == (27 * MiB // 2, 27 * MiB // 2 + 10 * MiB)
+    changes = {d.frame: d.change for d in diffs}
+    assert (
+        changes["main (train.py:50)"] == 8 * MiB and changes["forward (new_head.py:7)"] == 2 * MiB
+    )
+    assert changes["main (train.py:40)"] == 0 and diffs[0].frame == "main (train.py:50)"
+    assert GRADIENT  # the helper's stack of the gradient, whose size changed
+    r = subprocess.run(
+        [sys.executable, "-m", "torchmem", "snapshot", "diff", "--json", str(a), str(b)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["peak_change_bytes"] == 10 * MiB
+    assert data["owners"][0]["frame"] == "main (train.py:50)"
+    text = subprocess.run(
+        [sys.executable, "-m", "torchmem", "snapshot", "diff", str(a), str(b)],
+        capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert "13.50 MiB -> 23.50 MiB (+10.00 MiB)" in text and "(only after)" in text
+
+
+def test_the_allocator_state_at_a_moment_shows_the_largest_free_block():
+    from snapshot_files import PARAM, alloc, free
+
+    seg = 0x10000000
+    trace = [
+        {"action": "segment_alloc", "addr": seg, "size": 20 * MiB, "stream": 0, "time_us": 1,
+         "frames": []},
+        alloc(seg, 4 * MiB, 2, PARAM),
+        alloc(seg + 4 * MiB, 8 * MiB, 3, PARAM),
+        alloc(seg + 12 * MiB, 4 * MiB, 4, PARAM),
+        *free(seg + 4 * MiB, 8 * MiB, 5),  # a hole of 8 MiB in the middle
+    ]  # fmt: skip
+    snapshot = {"segments": [], "device_traces": [trace]}
+    index = build_index(snapshot)
+    rows = {int(index.ev_time[r]): r for r in range(len(index.ev_time))}
+    (at_4,) = analysis.segments_at(index, 0, rows[4])
+    assert (at_4.size, at_4.allocated, at_4.largest_free) == (20 * MiB, 16 * MiB, 4 * MiB)
+    (at_5,) = analysis.segments_at(index, 0, max(r for r in rows.values()))
+    assert (at_5.allocated, at_5.largest_free) == (8 * MiB, 8 * MiB)  # the hole, not the tail
+    assert analysis.segments_at(index, 0, -1) == []  # before the segment existed
+    assert analysis.traces_segments(index, 0)
+    assert not analysis.traces_segments(build_index(small_snapshot()), 0)

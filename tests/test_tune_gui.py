@@ -141,3 +141,25 @@ def test_the_window_opens_the_panel_on_its_script_and_takes_the_result_back(qtbo
     assert window.args_edit.text() == "--steps 50 --batch-size 384"
     assert "F5 runs the script" in window.statusBar().currentMessage()
     assert window.run_label.text().startswith("Ready: linear_memory.py")
+
+
+def test_on_an_accelerator_allocated_is_drawn_beside_reserved(qtbot, panel):
+    from torchmem.tuning.search import BatchSearch, Trial
+    from torchmem.tuning.trial import TrialPlan
+
+    MiB, GiB = 1 << 20, 1 << 30
+
+    def measure(b, role, predicted):  # what run_trial reports of a CUDA trial
+        return Trial(b, 2 * GiB + 15 * MiB * b, ok=True, oom=False,
+                     peak_allocated_bytes=2 * GiB + 10 * MiB * b,
+                     peak_reserved_bytes=2 * GiB + 15 * MiB * b)  # fmt: skip
+
+    panel.plan = TrialPlan("train.py", (), "--batch-size", 3, "cuda:0", 20 * GiB)
+    panel.limit = 18 * GiB
+    result = BatchSearch(measure, panel.limit).run()
+    panel.trials, panel.fit, panel.result = result.trials, result.fit, result
+    panel._redraw()
+    assert len(panel.alloc_points.data) == len(panel.ok_points.data) == len(result.trials)
+    assert all(a["y"] < r["y"] for a, r in zip(panel.alloc_points.data, panel.ok_points.data,
+                                                strict=True))  # fmt: skip
+    assert len(panel.alloc_curve.getData()[0]) > 10  # its own model, dotted

@@ -321,6 +321,20 @@ def snapshot_parser() -> argparse.ArgumentParser:
     return p
 
 
+def snapshot_diff_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem snapshot diff``."""
+    p = argparse.ArgumentParser(
+        prog="torchmem snapshot diff",
+        description="Compare two memory snapshots (before and after a change): their peaks "
+        "of active memory, and what each line that allocated held at each peak.",
+    )
+    p.add_argument("before", help="the first snapshot")
+    p.add_argument("after", help="the second snapshot")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--top", type=_positive_int, default=15, help="lines to list (15)")
+    return p
+
+
 def lab_parser() -> argparse.ArgumentParser:
     """Parser of ``torchmem lab``."""
     from torchmem.lab.ops import BUILTIN
@@ -519,6 +533,11 @@ def _main(argv: list[str]) -> int:
         from torchmem.cli.snapshot import info_headless
 
         return info_headless(opts.file, opts.json, opts.top)
+    if argv[:2] == ["snapshot", "diff"]:
+        opts = snapshot_diff_parser().parse_args(argv[2:])
+        from torchmem.cli.snapshot import diff_headless
+
+        return diff_headless(opts.before, opts.after, opts.json, opts.top)
     if argv[:1] == ["snapshot"]:
         if len(argv) != 2 or argv[1].startswith("-"):
             snapshot_parser().error("give one snapshot file: torchmem snapshot FILE")

@@ -107,3 +107,40 @@ def _text(data: dict[str, Any]) -> str:
                 f"{g['frame']}"
             )
     return "\n".join(lines)
+
+
+def diff_headless(before: str, after: str, as_json: bool = False, top: int = 15) -> int:
+    """Print how two snapshots' peaks differ, line by line; exit 0, or 1 when either
+    cannot be read."""
+    try:
+        a, b = open_snapshot(before), open_snapshot(after)
+    except (SnapshotError, SnapshotCancelled) as exc:
+        sys.stderr.write(f"torchmem: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    device = min(set(a.devices) & set(b.devices) or {0})
+    peak_a, peak_b, diffs = analysis.compare_peaks(a, b, device)
+    data = {
+        "before": {"file": a.meta.get("file"), "peak_active_bytes": peak_a},
+        "after": {"file": b.meta.get("file"), "peak_active_bytes": peak_b},
+        "device": device,
+        "peak_change_bytes": peak_b - peak_a,
+        "owners": [d.to_json() for d in diffs[:top]],
+    }
+    if as_json:
+        print(json.dumps(data, indent=1))
+        return 0
+    lines = [
+        f"peak active on device {device}: {format_bytes(peak_a)} -> {format_bytes(peak_b)} "
+        f"({format_bytes(peak_b - peak_a, signed=True)})",
+        "held at each peak, by the line that allocated it (largest change first):",
+    ]
+    for d in diffs[:top]:
+        only = " (only after)" if not d.before else " (only before)" if not d.after else ""
+        lines.append(
+            f"  {format_bytes(d.change, signed=True):>12}  {format_bytes(d.before):>10} -> "
+            f"{format_bytes(d.after):<10} {d.category:<15} {d.frame}{only}"
+        )
+    print("\n".join(lines))
+    return 0

@@ -169,6 +169,7 @@ def tune_summary(
         predicted=result.predicted if result else None,
         knee=result.knee if result else None,
         fit=result.fit.to_json() if result and result.fit else None,
+        fit_allocated=result.fit_allocated.to_json() if result and result.fit_allocated else None,
         ooms=sum(t.oom for t in trials),
         trials=[t.to_json() for t in trials],
         notes=result.notes if result else [],

@@ -191,7 +191,7 @@ def category_curves(
     owners[index.al_end[index.al_end < len(owners)]] = index.al_stack[index.al_end < len(owners)]
     freed = delta < 0
     cats[freed] = stack_cat[owners[rows[freed]]]
-    keep = _thin(line.active, max_points)
+    keep = thin(line.active, max_points)
     initial = by_category(index, np.flatnonzero((index.al_device == device) & (index.al_start < 0)))
     curves = {}
     for c, i in code.items():
@@ -199,8 +199,9 @@ def category_curves(
     return line.time_us[keep], curves, rows[keep]
 
 
-def _thin(values: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices of at most ~``max_points`` values: each bucket's highest, in order."""
+def thin(values: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices of at most about ``max_points`` of ``values`` for drawing: each bucket's
+    first and highest, in order (a peak is never drawn lower than it was)."""
     n = len(values)
     if n <= max_points:
         return np.arange(n)
@@ -212,3 +213,119 @@ def _thin(values: np.ndarray, max_points: int) -> np.ndarray:
             keep += [lo, lo + int(np.argmax(values[lo:hi]))]
     keep.append(n - 1)
     return np.unique(np.asarray(keep))
+
+
+@dataclass(frozen=True)
+class OwnerDiff:
+    """Live bytes at the peak owned by one line, in two snapshots."""
+
+    frame: str
+    before: int
+    after: int
+    category: str
+
+    @property
+    def change(self) -> int:
+        """``after - before``."""
+        return self.after - self.before
+
+    def to_json(self) -> dict[str, object]:
+        """As ``torchmem snapshot diff --json`` writes it."""
+        return {
+            "frame": self.frame,
+            "before_bytes": self.before,
+            "after_bytes": self.after,
+            "change_bytes": self.change,
+            "category": self.category,
+        }
+
+
+def compare_peaks(
+    before: SnapshotIndex, after: SnapshotIndex, device: int = 0
+) -> tuple[int, int, list[OwnerDiff]]:
+    """Each snapshot's peak active bytes on ``device``, and the lines holding memory at
+    either peak with what they held in each, largest change first (a line only one of
+    them has shows 0 in the other)."""
+    peaks, owners = [], []
+    for index in (before, after):
+        line = timeline(index, device)
+        peak, _, event = line.peak
+        peaks.append(peak)
+        owners.append({g.frame: g for g in by_owner(index, live_at(index, device, event), None)})
+    frames = set(owners[0]) | set(owners[1])
+    diffs = [
+        OwnerDiff(
+            frame,
+            owners[0][frame].bytes if frame in owners[0] else 0,
+            owners[1][frame].bytes if frame in owners[1] else 0,
+            (owners[1].get(frame) or owners[0][frame]).category,
+        )
+        for frame in frames
+    ]
+    diffs.sort(key=lambda d: (-abs(d.change), d.frame))
+    return peaks[0], peaks[1], diffs
+
+
+SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP = 3, 4, 5, 6
+
+
+@dataclass(frozen=True)
+class SegmentState:
+    """One segment of the allocator at a moment: its span and what is allocated in it."""
+
+    address: int
+    size: int
+    allocated: int
+    #: The largest stretch of it with no live allocation: the largest request it could
+    #: still serve without asking the device for more.
+    largest_free: int
+
+
+def traces_segments(index: SnapshotIndex, device: int) -> bool:
+    """True when the trace of ``device`` records its segments' allocs and frees (so the
+    allocator's state at any moment can be rebuilt, not only at the end)."""
+    kinds = index.ev_action[index.ev_device == device]
+    return bool(np.isin(kinds, (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)).any())
+
+
+def segments_at(index: SnapshotIndex, device: int, event: int) -> list[SegmentState]:
+    """The segments of ``device`` just after event row ``event``, from the segment events
+    of the trace (and the segments at the end that no event mentions), each with the
+    allocations live then that fall inside it; by address."""
+    mine = np.flatnonzero(index.ev_device == device)
+    kinds = index.ev_action[mine]
+    is_seg = np.isin(kinds, (SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP))
+    seg_rows = mine[is_seg]
+    segs: dict[int, int] = {}
+    seen: set[int] = set()
+    for row in seg_rows.tolist():  # segments freed in the trace without an alloc: old ones
+        addr = int(index.ev_addr[row])
+        if addr not in seen and index.ev_action[row] in (SEGMENT_FREE, SEGMENT_UNMAP):
+            segs[addr] = int(index.ev_size[row])
+        seen.add(addr)
+    end = index.seg_device == device
+    for addr, size in zip(index.seg_addr[end].tolist(), index.seg_total[end].tolist(), strict=True):
+        if addr not in seen:
+            segs[addr] = size  # there all along
+    for row in seg_rows[seg_rows <= event].tolist():
+        addr, size = int(index.ev_addr[row]), int(index.ev_size[row])
+        if index.ev_action[row] in (SEGMENT_ALLOC, SEGMENT_MAP):
+            segs[addr] = segs.get(addr, 0) + size if index.ev_action[row] == SEGMENT_MAP else size
+        else:
+            segs.pop(addr, None)
+    if not segs:
+        return []
+    starts = np.array(sorted(segs), dtype=np.uint64)
+    live = live_at(index, device, event)
+    addrs, sizes = index.al_addr[live], index.al_size[live]
+    owner = np.searchsorted(starts, addrs, side="right") - 1
+    out = []
+    for i, start in enumerate(starts.tolist()):
+        size = segs[start]
+        inside = (owner == i) & (addrs < start + size)
+        order = np.argsort(addrs[inside])
+        a, s = addrs[inside][order].astype(np.int64), sizes[inside][order]
+        edges = np.r_[start, a + s]
+        gaps = np.r_[a, start + size] - edges
+        out.append(SegmentState(start, size, int(s.sum()), int(max(gaps.max(), 0))))
+    return out

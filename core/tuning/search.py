@@ -19,6 +19,8 @@ from typing import Any
 
 from torchmem.tuning.model import Fit, Rounding, fit_peaks, round_batch, throughput_knee
 
+#: Reserved growing this much faster than allocated (per sample) is worth a note.
+CACHE_GROWTH = 1.25
 #: A verified trial whose peak is within this share of the prediction ends the search.
 VERIFY_TOLERANCE = 0.05
 #: The growth probes aim at this share of the room between the smallest size's peak and
@@ -111,6 +113,9 @@ class TuneResult:
     trials: list[Trial] = field(default_factory=list)
     knee: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: On an accelerator, the same model fitted to peak *allocated* bytes (the fit above
+    #: is on reserved, what the device must hold): the gap is the allocator's cache.
+    fit_allocated: Fit | None = None
 
     @property
     def ooms(self) -> int:
@@ -127,6 +132,11 @@ class TuneResult:
         ]
         if self.fit is not None:
             lines.append(f"memory model: {self.fit.describe()}")
+        if self.fit_allocated is not None:
+            lines.append(
+                f"allocated alone: {self.fit_allocated.describe()} (the budget is on "
+                "reserved: what the device must hold, the allocator's cache included)"
+            )
         if self.knee is not None:
             lines.append(
                 f"throughput knee: {self.knee} (within 5% of the best samples/s measured; "
@@ -205,6 +215,29 @@ class BatchSearch:
         self.fit = fit
         return fit
 
+    def _fit_allocated(self) -> Fit | None:
+        """The model of peak allocated bytes (accelerators), fitted apart from reserved
+        (yolov5 #9287: a cache that grows with the batch skews a single fit); a note when
+        reserved grows clearly faster than allocated."""
+        points = [
+            (t.batch_size, t.peak_allocated_bytes)
+            for t in self.trials
+            if t.ok and t.peak_allocated_bytes is not None
+        ]
+        if len({b for b, _ in points}) < 2:
+            return None
+        fit = fit_peaks([b for b, _ in points], [p for _, p in points], allow_quadratic=False)
+        if self.fit is not None and fit.slope > 0:
+            ratio = self.fit.slope / fit.slope
+            if ratio > CACHE_GROWTH:
+                self._note(
+                    f"reserved memory grows {ratio:.2f}x as fast as allocated memory with "
+                    "the batch: the allocator's cache fragments (try "
+                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, Run > Allocator "
+                    "settings); the budget stays on reserved, which is what runs out"
+                )
+        return fit
+
     def _note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
@@ -258,7 +291,9 @@ class BatchSearch:
             for t in self.trials
             if t.fits(self.limit) and t.samples_per_s
         }
+        fit_allocated = self._fit_allocated()
         return TuneResult(
+            fit_allocated=fit_allocated,
             recommended=recommended,
             max_fitting=good,
             predicted=predicted,
