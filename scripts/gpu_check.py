@@ -282,6 +282,42 @@ def main() -> int:
         except Exception as exc:
             check("torchmem.tune on cuda:0", False, f"{type(exc).__name__}: {r.stderr[-300:]}")
 
+    # 7. A real snapshot of a small training run, read headless by torchmem snapshot info.
+    with tempfile.TemporaryDirectory() as tmp:
+        snap = Path(tmp, "train.pickle")
+        r = python(
+            f"""
+            import torch
+            torch.cuda.memory._record_memory_history(max_entries=100000)
+            model = torch.nn.Sequential(torch.nn.Linear(2048, 8192), torch.nn.ReLU(),
+                                        torch.nn.Linear(8192, 2048)).cuda()
+            opt = torch.optim.Adam(model.parameters())
+            torch.cuda.reset_peak_memory_stats()
+            for _ in range(5):
+                loss = model(torch.randn(512, 2048, device="cuda")).sum()
+                opt.zero_grad(); loss.backward(); opt.step()
+            torch.cuda.memory._dump_snapshot({str(snap)!r})
+            print(torch.cuda.max_memory_allocated())
+        """,
+            timeout=120,
+        )
+        info = subprocess.run(
+            [sys.executable, "-m", "torchmem", "snapshot", "info", "--json", str(snap)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        try:
+            peak_torch = int(r.stdout.split()[-1])
+            data = json.loads(info.stdout)
+            kinds = {g["category"] for g in data["top_stacks"]}
+            check(
+                "snapshot of a real run: torchmem's peak within the allocator's, kinds named",
+                0 < data["peak_active_bytes"] <= peak_torch and len(data["top_stacks"]) > 0,
+                f"peak {data['peak_active_bytes'] >> 20} MiB (torch max allocated "
+                f"{peak_torch >> 20} MiB), {data['events']} events, kinds {sorted(kinds)}",
+            )
+        except Exception as exc:
+            check("snapshot of a real run", False, f"{exc}: {r.stderr[-200:]} {info.stderr[-200:]}")
+
     table = "| check | result | detail |\n|---|---|---|\n" + "\n".join(
         f"| {n} | {'pass' if ok else 'FAIL'} | {d.replace('|', '/').strip()[:200]} |"
         for n, ok, d in rows
