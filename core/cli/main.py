@@ -6,6 +6,9 @@
     torchmem run [OPTIONS] -- COMMAND...           any command (torchrun), agents in each rank
     torchmem ps [--json]                           processes to attach to
     torchmem attach [OPTIONS] PID                  headless: collect from a running process
+    torchmem tune [OPTIONS] SCRIPT|FILE.py:FUNC    the largest batch size that fits a budget
+    torchmem lab [OPTIONS]                         what tensor operations cost, measured
+    torchmem snapshot FILE | info FILE | diff A B  PyTorch memory snapshots: window, headless
     torchmem report [--json] SESSION               a recorded session's summary, exports
     torchmem sessions [--json]                     the recorded sessions, newest first
     torchmem compare [--json] SESSION SESSION...   recorded runs side by side
@@ -70,7 +73,9 @@ def gui_parser() -> argparse.ArgumentParser:
         description="Live monitor for PyTorch memory. Opens a window and runs SCRIPT in it. "
         "Headless: 'torchmem run --help'.",
         epilog="Examples: torchmem train.py --lr 0.1 | torchmem --demo --leak | "
-        "torchmem run --summary out.json train.py | torchmem --attach 4242",
+        "torchmem run --summary out.json train.py | torchmem --attach 4242. Commands: "
+        "run, ps, attach, tune, lab, snapshot, report, sessions, compare (each with "
+        "--help).",
     )
     p.add_argument("--version", action="version", version=f"torchmem {__version__}")
     p.add_argument("--demo", action="store_true", help="run the bundled demo training script")
