@@ -162,3 +162,23 @@ def test_bad_input_gets_one_clear_line(args, message, code):
     r = lab(*args)
     assert r.returncode == code and message in r.stdout + r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_measuring_in_process_leaves_no_tensor_behind():
+    # What backward keeps is measured through saved-tensor hooks; a graph that saves its
+    # own output must not keep it (and the inputs) alive in a cycle no collector sees.
+    import gc
+
+    import torch
+
+    from torchmem.tensors.heap import objects_of_types
+
+    def alive() -> int:
+        gc.collect()
+        (tensors,), _ = objects_of_types([torch.Tensor])
+        return len(tensors)
+
+    before = alive()
+    for op in ("torch.sigmoid(a) * b", "checkpoint(lambda a, b: torch.sigmoid(a) * b, a, b)"):
+        assert measure(Job(op, 64, grad=True, repeats=1)).saved
+    assert alive() == before

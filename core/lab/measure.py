@@ -251,9 +251,14 @@ def _saved(op: Operation, x: dict[str, Any], inputs: set[int]) -> tuple[int, lis
             else:
                 extra += size
                 seen[ptr] = f"{tuple(t.shape)} {t.dtype} intermediate, {size:,} B"
-        return t
+        # Not the tensor: a graph that saves its own output would hold it in a cycle no
+        # collector sees into, and its inputs with it. This graph never runs backward.
+        return ptr
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(_: Any) -> Any:
+        raise RuntimeError("the memory lab's graph is measured, not run backward")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         out = op.run(x)
     del out
     return extra, list(seen.values())
