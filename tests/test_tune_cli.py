@@ -163,3 +163,17 @@ def test_a_step_function_is_tuned_by_file_and_name(tmp_path):
     assert r.stderr.splitlines()[-1] == "torchmem: call it: linear_step(4)"
     missing = tune("--budget", "2GiB", f"{tmp_path / 'nowhere.py'}:step")
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_the_search_says_whether_its_trials_covered_an_evaluation_pass(tmp_path):
+    out = tmp_path / "tune.json"
+    r = tune("--budget", "2GiB", "--max", "4", "--summary", str(out), LINEAR, "--eval")
+    assert r.returncode == 0, r.stderr
+    data = check_summary(json.loads(out.read_text()))
+    assert all(t["eval_forwards"] > 0 for t in data["trials"])
+    assert any("every trial included an evaluation pass" in n for n in data["notes"])
+    assert "evaluation pass" in r.stderr
+    plain = tune("--budget", "2GiB", "--max", "2", "--summary", str(out), LINEAR)
+    data = json.loads(out.read_text())
+    assert plain.returncode == 0 and all(t["eval_forwards"] == 0 for t in data["trials"])
+    assert any("no trial reached an evaluation pass" in n for n in data["notes"])

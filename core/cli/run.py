@@ -15,6 +15,7 @@ from torchmem.cli.summary import build_summary, step_time, write_summary
 from torchmem.events import AlertKind, Event, Marker, MarkerKind, RunFinished, RunStatus
 from torchmem.leaks.oom import explain_oom
 from torchmem.probe.backends import peak_rss
+from torchmem.probe.eval_watch import EvalWatch
 from torchmem.probe.parent_watch import ParentWatch
 from torchmem.probe.runner import EXIT_STOPPED
 from torchmem.record.recorder import start_recording
@@ -107,6 +108,10 @@ def run_headless(
             source.close()
             return 2
     limit = StepLimit(source, max_steps) if max_steps else None
+    # A few steps of a long training (a tuning trial): did they include an evaluation?
+    evals = EvalWatch() if max_steps else None
+    if evals is not None:
+        evals.start()
     # An isolated run of the window ends with the window, whatever killed it: from here on,
     # including the wait for the window to attach.
     watch = ParentWatch.from_environment(
@@ -141,6 +146,8 @@ def run_headless(
             Script(script, tuple(args), cwd, capture_output=agent is not None)
         )
     finally:
+        if evals is not None:
+            evals.stop()
         if watch is not None:
             watch.close()
         source.close()
@@ -157,6 +164,7 @@ def run_headless(
     data = summary(session, source, result)
     if max_steps:
         data["max_steps"] = max_steps
+        data["eval_forwards"] = evals.forwards if evals is not None else None
     oom = explain_oom(session, source.capacity())
     if oom is not None:
         data["oom"] = oom.to_json()

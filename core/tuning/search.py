@@ -55,6 +55,9 @@ class Trial:
     role: str = "probe"
     #: What the model predicted for this size before it ran (None before any fit).
     predicted_bytes: float | None = None
+    #: Module forwards with grad disabled during the trial (an evaluation pass); None
+    #: where it was not counted.
+    eval_forwards: int | None = None
 
     def fits(self, limit: float) -> bool:
         """True when the trial ran its steps and stayed at or under ``limit``."""
@@ -96,6 +99,7 @@ class Trial:
             "steps": self.steps,
             "duration_s": round(self.duration_s, 3),
             "message": self.message,
+            "eval_forwards": self.eval_forwards,
         }
 
 
@@ -215,6 +219,23 @@ class BatchSearch:
         self.fit = fit
         return fit
 
+    def _note_coverage(self) -> None:
+        """Say whether the trials' peaks include an evaluation pass."""
+        counted = [t.eval_forwards for t in self.trials if t.ok and t.eval_forwards is not None]
+        if not counted:
+            return
+        if all(counted):
+            self._note(
+                "every trial included an evaluation pass (forwards without grad): its "
+                "memory is in the peaks"
+            )
+        elif not any(counted):
+            self._note(
+                f"no trial reached an evaluation pass in its {self.trials[0].steps} steps: "
+                "if the script evaluates later (each epoch), raise --steps to cover it, or "
+                "check evaluation on its own (a larger eval batch can need more memory)"
+            )
+
     def _fit_allocated(self) -> Fit | None:
         """The model of peak allocated bytes (accelerators), fitted apart from reserved
         (yolov5 #9287: a cache that grows with the batch skews a single fit); a note when
@@ -292,6 +313,7 @@ class BatchSearch:
             if t.fits(self.limit) and t.samples_per_s
         }
         fit_allocated = self._fit_allocated()
+        self._note_coverage()
         return TuneResult(
             fit_allocated=fit_allocated,
             recommended=recommended,

@@ -260,6 +260,7 @@ def measured_trial(
         "samples_per_s": rate,
         "steps": steps,
         "duration_s": duration,
+        "eval_forwards": _int(summary.get("eval_forwards")),
     }
     if over_budget is not None:
         message = (

@@ -3,7 +3,8 @@ holds ``batch`` MiB of activations (one float32 row of 256 Ki elements per sampl
 
 Its largest batch under a budget is therefore known independently of any search.
 Options: --batch-size N, --steps N, --fail-above N (raise a ValueError above that size,
-as a script with a shape bug would), --quadratic (hold batch² / 64 MiB more: attention).
+as a script with a shape bug would), --quadratic (hold batch² / 64 MiB more: attention),
+--eval (a forward without grad after each step, as a validation pass).
 """
 
 import argparse
@@ -16,6 +17,7 @@ p.add_argument("--batch-size", type=int, default=8)
 p.add_argument("--steps", type=int, default=100)
 p.add_argument("--fail-above", type=int, default=0)
 p.add_argument("--quadratic", action="store_true")
+p.add_argument("--eval", action="store_true")
 args = p.parse_args()
 if args.fail_above and args.batch_size > args.fail_above:
     raise ValueError(f"shape mismatch: batch {args.batch_size} does not divide the buckets")
@@ -31,4 +33,7 @@ for _ in range(args.steps):
     opt.zero_grad()
     loss.backward()
     opt.step()
+    if args.eval:
+        with torch.no_grad():
+            model(activations[:, :16])
     del activations, extra
