@@ -73,6 +73,15 @@ def test_detach_leaves_the_process_running(qtbot, make_window, served_proc):
     assert "Detached" in window.run_label.text()
     assert served_proc.poll() is None, "detaching never stops the script"
     assert window.act_attach.isEnabled() and window.act_run.isEnabled() is False  # no script
+    # What the window showed is recorded, and reads back as a detach, not a crash.
+    from torchmem.cli.report import recorded_summary
+    from torchmem.record.library import list_sessions, sessions_dir
+    from torchmem.record.replay import load
+
+    window.recordings.recorder.wait_closed()
+    (entry,) = list_sessions(sessions_dir())
+    assert entry.status == "detached"
+    assert recorded_summary(load(entry.path))["steps"] >= 3
 
 
 def test_attach_without_agent_watches_from_outside_and_says_what_is_missing(

@@ -88,6 +88,8 @@ class Recorder:
         on_problem: Callable[[str], None] | None = None,
     ) -> None:
         self.path = Path(path)
+        #: What the file records: ``run``, ``attach`` or ``tune`` (its meta's ``kind``).
+        self.kind = str(meta.get("kind", "run"))
         created = datetime.now(timezone.utc).astimezone()
         facts = {**environment_facts(), "created": created.isoformat(timespec="seconds")}
         self._conn = store.create(self.path, {**facts, **meta})

@@ -127,6 +127,10 @@ class RunRecorder:
                 summary = {"summary": self._summarize(self.session)}
             except Exception as exc:  # a summary that cannot be built still ends the file
                 summary = {"summary_error": f"{type(exc).__name__}: {exc}"}
+        if recorder.kind == "attach":
+            # A detach is not the process's end: the file says which it was (as
+            # `torchmem attach --record` does), never reads as a crash.
+            summary["detached"] = self.session.run_finished is None
         closer = threading.Thread(
             target=self._close_one, args=(recorder, summary), name="torchmem-recorder-close"
         )
@@ -163,6 +167,6 @@ class RunRecorder:
 
 #: RunStarted.mode -> the kind a session file records.
 _KINDS = {"thread": "run", "isolated": "run", "served": "attach", "watch": "attach"}
-#: Runs the window started. An attached process's run is not its own: it goes on after a
-#: detach, and a file that ends there would read as a crash.
-RECORDED_MODES = ("thread", "isolated")
+#: Runs the window records: those it started, and those it attached to (closed at the
+#: detach with ``detached``: the process went on, the file does not read as a crash).
+RECORDED_MODES = ("thread", "isolated", "served", "watch")
