@@ -104,6 +104,7 @@ class _Stacks:
         self.stacks: list[list[str]] = []
 
     def id_of(self, frames: Any) -> int:
+        """The id of the stack ``frames`` (a snapshot's list of frame dicts); -1 for none."""
         if not frames:
             return -1
         try:  # the raw values as the key: formatting happens once per distinct stack

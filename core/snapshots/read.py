@@ -33,6 +33,7 @@ class _Counted(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
+        """Read into ``buffer``, and report the share of the file read so far."""
         n = self.f.readinto(buffer)
         self.done += n or 0
         share = self.done / self.size
@@ -46,6 +47,7 @@ class _PlainData(pickle.Unpickler):
     """An unpickler that builds plain data only."""
 
     def find_class(self, module: str, name: str) -> Any:
+        """Sets only (plain data); any other class is refused before it can run."""
         if (module, name) in (("builtins", "set"), ("builtins", "frozenset")):
             return {"set": set, "frozenset": frozenset}[name]
         raise SnapshotError(
