@@ -76,9 +76,10 @@ def test_a_notebook_function_is_forked_and_its_recommendation_fits(tmp_path):
     best = next(t for t in result.trials if t.batch_size == result.max_fitting)
     assert best.ok and best.peak_bytes <= limit
     # The forked child starts from this process's pages: the room left is about what the
-    # batch may take, one MiB a sample.
+    # batch may take, one MiB a sample (estimated from the first trial's peak, which
+    # wanders by a few MiB: what must hold exactly is the verified peak above).
     room = (limit - result.trials[0].peak_bytes) / MiB
-    assert 0.85 * room <= result.recommended <= room + 2, (result.recommended, room)
+    assert 0.85 * room <= result.recommended <= 1.05 * room, (result.recommended, room)
     assert result.fit is not None and result.fit.slope == pytest.approx(MiB, rel=0.15)
     assert any("forked" in note for note in result.notes)
 
