@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
-from PySide6.QtWidgets import QLabel, QWidget
+from PySide6.QtWidgets import QFileDialog, QLabel, QWidget
 
 from .workers import start_in_thread, wait_thread
 
@@ -65,6 +65,8 @@ class JobPanel(QWidget):
 
     #: Said while a cancelled job winds down.
     CANCELLING = "Cancelling…"
+    #: The Export… dialog: its title, the file it proposes, and its filters.
+    EXPORT = ("Export", "export.csv", "CSV (*.csv)")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -121,3 +123,14 @@ class JobPanel(QWidget):
     @Slot(str)
     def _on_error(self, text: str) -> None:
         self.say(text, error=True)
+
+    @Slot()
+    def _export_dialog(self) -> None:
+        title, proposed, filters = self.EXPORT
+        path, _ = QFileDialog.getSaveFileName(self, title, proposed, filters)
+        if path:
+            self.export(path)
+
+    def export(self, path: str) -> object:
+        """Write the job's result to ``path`` (each panel says in which formats)."""
+        raise NotImplementedError

@@ -19,7 +19,6 @@ from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
-    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QHeaderView,
@@ -98,6 +97,8 @@ class LabWorker(JobWorker):
 
 class LabPanel(JobPanel):
     """Form, progress, plots and table of one lab run at a time."""
+
+    EXPORT = ("Export the lab", "lab.csv", "CSV (*.csv);;PNG (*.png)")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -298,7 +299,7 @@ class LabPanel(JobPanel):
         worker.row_done.connect(self._on_row)
         worker.finished.connect(self._on_finished)
         self.start_job(worker, "torchmem-lab")
-        self._started = _now()
+        self._started = time.monotonic()
         self._update_buttons()
         return True
 
@@ -309,7 +310,7 @@ class LabPanel(JobPanel):
         self._plot(row)
         n, total = len(self.rows), len(self.jobs)
         self.progress.setValue(n)
-        left = (_now() - self._started) / n * (total - n)
+        left = (time.monotonic() - self._started) / n * (total - n)
         self.progress.setFormat(f"row {min(n + 1, total)} of {total} · about {left:.0f} s left")
 
     @Slot(object)
@@ -419,14 +420,6 @@ class LabPanel(JobPanel):
             self.say(f"{r.code or r.op} at n = {r.size:,} ({r.dtype}, {r.device}): {text}.{saved}")
 
     # -- export ---------------------------------------------------------------------------------
-    @Slot()
-    def _export_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Export the lab", "lab.csv", "CSV (*.csv);;PNG (*.png)"
-        )
-        if path:
-            self.export(path)
-
     def export(self, path: str) -> bool:
         """Write ``.png`` the plots, else the rows as CSV (the columns of ``torchmem lab
         --csv``); False, said in red, when it cannot be written."""
@@ -454,10 +447,6 @@ def _variants(jobs: list[Job]) -> set[tuple[str, str]]:
 
 def _bytes(value: int | None) -> str:
     return format_bytes(value) if value is not None else "–"
-
-
-def _now() -> float:
-    return time.monotonic()
 
 
 __all__ = ["LabPanel", "LabWorker"]

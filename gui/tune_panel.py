@@ -91,6 +91,7 @@ class TunePanel(JobPanel):
     """Form, progress, plot and trial table of one batch-size search at a time."""
 
     CANCELLING = "Cancelling: ending the running trial…"
+    EXPORT = ("Export the search", "tune.json", "JSON (*.json);;CSV (*.csv);;PNG (*.png)")
 
     #: "Use this batch size": (script, its arguments with the batch size filled in).
     use_batch_size = Signal(str, list)
@@ -607,14 +608,6 @@ class TunePanel(JobPanel):
                 text = shlex.join(["python", self.plan.script, *self.recommended_args()])
             QGuiApplication.clipboard().setText(text)
             self.say(f"Copied: {text}")
-
-    @Slot()
-    def _export_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Export the search", "tune.json", "JSON (*.json);;CSV (*.csv);;PNG (*.png)"
-        )
-        if path:
-            self.export(path)
 
     def export(self, path: str) -> None:
         """Write the search: ``.png`` the plot, ``.csv`` the trials, else the JSON summary

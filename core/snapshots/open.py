@@ -124,8 +124,9 @@ def _in_worker(
                 elif kind == "error":
                     message = rest
         finally:
-            with contextlib.suppress(OSError):
-                os.killpg(worker.pid, signal.SIGKILL) if worker.poll() is None else None
+            if worker.poll() is None:  # cancelled, or this thread is unwinding
+                with contextlib.suppress(OSError):
+                    os.killpg(worker.pid, signal.SIGKILL)
             worker.wait()
             worker.stdout.close()
         if worker.returncode != 0 or message:

@@ -38,6 +38,7 @@ from torchmem.tuning.calls import accelerator, measure_calls
 from torchmem.tuning.model import Fit, Rounding
 from torchmem.tuning.search import BatchSearch, Trial, TuneError, TuneResult
 from torchmem.tuning.trial import TrialPlan, measured_trial, run_trial, watch_child
+from torchmem.units import format_bytes
 
 Isolation = Literal["auto", "process", "fork", "none"]
 #: The script every by-reference trial runs.
@@ -139,7 +140,8 @@ def tune(
     name = getattr(step_fn, "__qualname__", repr(step_fn))
     say(
         f"torchmem: tuning {name} in {min_batch}..{max_batch} on {device}: at most "
-        f"{_format(limit)} per trial ({_format(total)} budget, {_format(room)} headroom)"
+        f"{format_bytes(limit)} per trial ({format_bytes(total)} budget, "
+        f"{format_bytes(room)} headroom)"
     )
     cancel = cancel or threading.Event()
 
@@ -270,9 +272,3 @@ def _forked(fn: StepFn, plan: TrialPlan, batch: int, cancel: threading.Event) ->
         summary = json.loads(b"".join(chunks) or b"{}")
     duration = time.monotonic() - started
     return measured_trial(plan, batch, code, seen, over, summary, "", duration)
-
-
-def _format(value: int) -> str:
-    from torchmem.units import format_bytes
-
-    return format_bytes(value)
