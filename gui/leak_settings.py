@@ -58,7 +58,10 @@ class LeakSettingsDialog(QDialog):
         self.mib.setDecimals(2)
         self.mib.setSuffix(" MiB/step")
         self.mib.setValue(current.abs_per_step / MiB)
-        self.mib.setToolTip("Smallest growth per step that counts as a leak")
+        self.mib.setToolTip(
+            "Smallest growth per step that counts as a leak (process RSS must grow "
+            "1.5 times this: the C heap creeps in healthy runs)"
+        )
         self.sustain = QSpinBox()
         self.sustain.setRange(4, 10_000)
         self.sustain.setSuffix(" steps")
