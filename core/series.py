@@ -113,9 +113,12 @@ def split_scope(key: str) -> tuple[str, str]:
 
 
 def scope_label(scope: str) -> str:
-    """``rank 1``, ``pid 4242``, ``total`` (of every rank) for a series scope."""
+    """``rank 1``, ``pid 4242``, ``total`` (of every rank), ``node node1`` (the total of a
+    machine) for a series scope."""
     if scope == "total":
         return "total"
+    if scope.startswith("@"):  # the total of one machine of a multi-node job
+        return f"node {scope[1:]}"
     for prefix in ("rank", "pid"):
         if scope.startswith(prefix) and scope[len(prefix) :].isdigit():
             return f"{prefix} {scope[len(prefix) :]}"

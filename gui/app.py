@@ -83,6 +83,8 @@ def main(opts: argparse.Namespace) -> int:
             window.attach(entry.pid, [entry])
         except AttachError as exc:
             window.show_error(str(exc))
+    elif getattr(opts, "hosts", None):
+        window.attach(opts.attach, hosts=opts.hosts)
     elif getattr(opts, "attach", None) is not None:
         window.attach(opts.attach)
     elif script:

@@ -772,32 +772,44 @@ class MainWindow(QMainWindow):
         """Pick a running process and attach to it."""
         from .attach_dialog import AttachDialog
 
-        dialog = AttachDialog(self)
+        dialog = AttachDialog(self, self.settings)
         accepted = dialog.exec()
-        pid = dialog.chosen_pid
+        pid, host = dialog.chosen_pid, dialog.chosen_host
         dialog.deleteLater()  # destroyed by this thread's event loop, never by a gc elsewhere
         if accepted and pid is not None:
-            self.attach(pid)
+            self.attach(pid, hosts=[host] if host is not None else None)
 
     @Slot()
     def inject_agent(self) -> None:
         """Replace the outside watch of the attached process by an injected agent."""
         self.runs.inject()
 
-    def attach(self, pid: int, entries: list | None = None, inject: bool = False) -> bool:
+    def attach(
+        self,
+        pid: int | None,
+        entries: list | None = None,
+        inject: bool = False,
+        hosts: list | None = None,
+    ) -> bool:
         """Show process ``pid`` (and its ranks) in this window, following it in a QThread.
 
-        ``entries`` reach agents without discovery (a socket forwarded from another host).
+        ``entries`` reach agents without discovery (a socket forwarded from another host);
+        ``hosts`` are SSH hosts: ``pid`` on the one host, or (``pid`` None) every agent of
+        every host, such as the ranks of a multi-node job.
         """
         if self.running:
             self.show_error("Stop the running script (Shift+F5) or detach before attaching.")
             return False
         self.banner.hide()
         self._clear_views()
-        run = self.runs.start_attach(pid, self.rate_spin.value(), entries, inject)
+        run = self.runs.start_attach(pid, self.rate_spin.value(), entries, inject, hosts)
         self.tensors.referrers = run.referrers
-        self.setWindowTitle(f"pid {pid} – torchmem")
-        self.run_label.setText(f"Attaching to {pid}…")
+        where = ", ".join(h.target for h in hosts or [])
+        what = f"pid {pid}" if pid is not None else where
+        if pid is not None and where:
+            what += f" on {where}"
+        self.setWindowTitle(f"{what} – torchmem")
+        self.run_label.setText(f"Attaching to {what}…" + (" (over SSH)" if hosts else ""))
         self._update_actions()
         return True
 
@@ -888,6 +900,9 @@ class MainWindow(QMainWindow):
         if self.running and self.session.run_finished is None:
             steps = self.session.steps.steps
             what = f"Attached to {self.attached.label}" if self.attached else "Running"
+            if self.attached is not None and len(self.attached.hosts) > 1:
+                alive, hosts = self.attached.reporting()
+                what += f" · {alive} of {hosts} nodes reporting"
             if not self.stopping:
                 self.run_label.setText(f"● {what} · step {steps:,} · {self.session.now():.1f} s")
             else:

@@ -139,10 +139,16 @@ class RunController(QObject):
         self._start(worker, "torchmem-script")
 
     def start_attach(
-        self, pid: int, hz: float, entries: list | None = None, inject: bool = False
+        self,
+        pid: int | None,
+        hz: float,
+        entries: list | None = None,
+        inject: bool = False,
+        hosts: list | None = None,
     ) -> AttachedRun:
-        """Attach to ``pid`` (and its ranks) and follow it in a QThread."""
-        run = AttachedRun(self.session, pid, hz, entries, inject)
+        """Attach to ``pid`` (and its ranks; on SSH ``hosts``) and follow it in a QThread
+        (SSH connections are made there too: a slow host never freezes the window)."""
+        run = AttachedRun(self.session, pid, hz, entries, inject, hosts)
         self.attached = run
         self.target = run
         worker = AttachWorker(run)

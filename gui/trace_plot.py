@@ -50,6 +50,8 @@ def series_color(key: str) -> QColor:
     device, metric = split_key(rest)
     if scope == "total":
         color = QColor(TOTAL_COLOR)
+    elif scope.startswith("@"):  # a machine's total: a grey of its own, lighter than the job's
+        color = QColor(TOTAL_COLOR).lighter(150 + 40 * (sum(map(ord, scope)) % 4))
     elif scope:
         digits = "".join(c for c in scope if c.isdigit()) or "0"
         color = QColor(RANK_COLORS[int(digits) % len(RANK_COLORS)])
@@ -230,10 +232,11 @@ class TracePlot(pg.GraphicsLayoutWidget):
             self._curves[key].setVisible(visible)
 
     def scopes(self) -> list[str]:
-        """Ranks (and the total) among the drawn series of a job; empty for one process."""
+        """Ranks, then machines and the total, among the drawn series of a job; empty for
+        one process."""
         found = {split_scope(k)[0] for k in self._curves}
         found.discard("")
-        return sorted(found, key=lambda s: (s == "total", len(s), s))
+        return sorted(found, key=lambda s: (s == "total", s.startswith("@"), len(s), s))
 
     def set_scope(self, scope: str | None) -> None:
         """Show only the series of one rank (or the total); ``None`` shows every rank."""

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 for pkg in xvfb libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 \
            libegl1 libgl1 libfontconfig1 libdbus-1-3 libxcb-shape0 libxcb-xinerama0 \
-           libxcb-randr0 libxcb-render-util0 libxcb-image0 gdb; do
+           libxcb-randr0 libxcb-render-util0 libxcb-image0 gdb openssh-client; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -104,6 +104,18 @@ def test_rank_totals_sum_latest_readings_once_every_rank_reported():
     assert session.latest()["total/cpu/rss"][0] == 130.0
 
 
+def test_a_multi_node_job_gets_a_total_per_machine_that_the_job_total_does_not_count():
+    session = Session()
+    nodes = {"rank0": "@a", "rank1": "@a", "rank2": "@b"}
+    RankTotals(session, set(nodes), since=0.0, nodes=nodes)
+    session.submit(Sample(1.0, {"rank0/cpu/rss": 10.0, "rank1/cpu/rss": 20.0}))
+    session.submit(Sample(1.1, {"rank2/cpu/rss": 5.0}))
+    latest = session.latest()
+    assert latest["@a/cpu/rss"][0] == 30.0 and latest["@b/cpu/rss"][0] == 5.0
+    assert latest["total/cpu/rss"][0] == 35.0, "machine totals are not counted again"
+    assert series_label("@a/cpu/rss") == "node a process RSS"
+
+
 def test_rank_totals_leave_out_replayed_history():
     session = Session()
     RankTotals(session, {"rank0"}, since=10.0)

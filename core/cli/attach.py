@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
@@ -15,6 +16,8 @@ from torchmem.session import Session
 from torchmem.sources.attached import AttachedRun
 from torchmem.transport.client import AttachError
 from torchmem.transport.discovery import AgentEntry
+from torchmem.transport.hosts import job_hosts
+from torchmem.transport.ssh import SshHost
 from torchmem.units import format_bytes
 
 
@@ -33,8 +36,41 @@ def entry_from_file(path: str, address: str | None = None) -> AgentEntry:
     return entry
 
 
+def attach_command(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """``torchmem attach ARGV``: check the options, then :func:`attach_headless`."""
+    opts = parser.parse_args(argv)
+    if opts.duration is not None and opts.duration <= 0:
+        parser.error("--duration must be positive")
+    try:
+        hosts = job_hosts(opts.host, opts.hostfile, opts.slurm_job, opts.slurm, opts.remote_command)
+    except AttachError as exc:
+        print(f"torchmem: {exc}", file=sys.stderr)
+        return 2
+    if hosts and (opts.entry or opts.inject):
+        parser.error("--host attaches through SSH: leave out --entry and --inject")
+    if len(hosts) > 1 and opts.pid is not None:
+        parser.error(
+            "a PID names a process of one host: give one --host, or no PID to attach to "
+            "every agent of the hosts (the ranks of a multi-node job)"
+        )
+    entries = None
+    if opts.entry:
+        try:
+            entries = [entry_from_file(opts.entry, opts.address)]
+        except AttachError as exc:
+            print(f"torchmem: {exc}", file=sys.stderr)
+            return 2
+    elif opts.pid is None and not hosts:
+        parser.error("give a PID (see `torchmem ps`), --host, or --entry and --address")
+    pid = entries[0].pid if entries else opts.pid
+    return attach_headless(
+        pid, opts.duration, opts.summary, opts.hz, opts.quiet, entries, opts.inject,
+        opts.snapshot, opts.record, hosts,
+    )  # fmt: skip
+
+
 def attach_headless(
-    pid: int,
+    pid: int | None,
     duration: float | None = None,
     summary_path: str | None = None,
     hz: float = 10.0,
@@ -43,6 +79,7 @@ def attach_headless(
     inject: bool = False,
     snapshot: bool = False,
     record: str | None = None,
+    hosts: list[SshHost] | None = None,
 ) -> int:
     """``torchmem attach``: collect for ``duration`` seconds (or until the process ends)
     and optionally write ``{"pid", "injected", "samples", "peak_bytes", "ranks"}``.
@@ -62,7 +99,7 @@ def attach_headless(
         except RecordError as exc:
             sys.stderr.write(f"torchmem: {exc}\n")
             return 2
-    run = AttachedRun(session, pid, hz, entries, inject)
+    run = AttachedRun(session, pid, hz, entries, inject, hosts)
     try:
         run.connect()
     except AttachError as exc:
@@ -93,7 +130,7 @@ def attach_headless(
         else:
             what = f"{len(run.remotes)} processes: " + ", ".join(r.label for r in run.remotes)
         sys.stderr.write(
-            f"torchmem: attached to pid {pid} ({what})"
+            f"torchmem: attached to {_target(pid, hosts)} ({what})"
             + (f" for {duration:g} s" if duration else " until it ends (Ctrl+C to detach)")
             + "\n"
         )
@@ -128,6 +165,14 @@ def attach_headless(
     if summary_path and not write_summary(summary_path, data):
         return 1
     return 0
+
+
+def _target(pid: int | None, hosts: list[SshHost] | None) -> str:
+    """``pid 42``, ``pid 42 on node1``, ``node1, node2`` (every agent of the hosts)."""
+    where = ", ".join(h.target for h in hosts or [])
+    if pid is None:
+        return where
+    return f"pid {pid} on {where}" if where else f"pid {pid}"
 
 
 def _warn(message: str) -> None:

@@ -50,6 +50,7 @@ def rank_row(remote: Any) -> dict[str, Any]:
         "world_size": entry.world_size,
         "status": status,
         "ended": status != "running",
+        "host": entry.host or None,
     }
 
 

@@ -26,14 +26,37 @@ PARENT_ENV = "TORCHMEM_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 
 
+_PRCTL: Callable[..., int] | None = None
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl (Linux), loaded once: a forked child must not search for libraries."""
+    global _PRCTL
+    if _PRCTL is None and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _PRCTL = libc.prctl
+    return _PRCTL
+
+
 def set_pdeathsig(sig: int) -> bool:
     """Ask Linux to send ``sig`` to this process when its parent dies; False elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return False
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    return False
+    prctl = _prctl()
+    return prctl is not None and prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def pdeathsig_preexec(sig: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes a child program get ``sig`` when the thread that
+    started it dies (Linux; None elsewhere). Only a prctl call runs in the forked child:
+    libc is loaded here, before the fork."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+    return in_child
 
 
 class ParentWatch:

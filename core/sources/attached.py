@@ -15,6 +15,7 @@ from torchmem.sources.totals import RankTotals
 from torchmem.sources.watch import ProcessWatchSource
 from torchmem.transport.client import AttachError
 from torchmem.transport.discovery import AgentEntry
+from torchmem.transport.ssh import SshHost, Tunnel, remote_entries
 
 
 class AttachedRun:
@@ -23,18 +24,26 @@ class AttachedRun:
     The window and ``torchmem attach`` use it alike: :meth:`connect`, then
     :meth:`follow` until the processes end or :meth:`detach` is called. Commands go to
     every attached agent; their results come back as events of the Session.
+
+    With ``hosts``, the agents run on other machines and are reached over SSH: those of
+    ``pid`` on the one host, or (``pid`` None) every agent of every host, such as all the
+    ranks of a multi-node job. A host that cannot be reached is reported and the others
+    attached.
     """
 
     def __init__(
         self,
         session: Session,
-        pid: int,
+        pid: int | None,
         hz: float = 10.0,
         entries: list[AgentEntry] | None = None,
         inject: bool = False,
+        hosts: list[SshHost] | None = None,
     ) -> None:
         self.session = session
         self.pid = pid
+        self.hosts = list(hosts or [])
+        self.tunnels: list[Tunnel] = []
         self.inject = inject
         self.injected = False
         #: Given entries (an agent reached through a forwarded socket) skip discovery.
@@ -50,8 +59,15 @@ class AttachedRun:
 
         Raises :class:`AttachError` when nothing can be attached, saying why.
         """
-        entries = self.entries if self.entries is not None else agents_for(self.pid)
-        if not entries and self.inject:
+        if self.hosts:
+            entries = self._forwarded()
+        elif self.entries is not None:
+            entries = self.entries
+        elif self.pid is not None:
+            entries = agents_for(self.pid)
+        else:
+            raise AttachError("nothing to attach to: give a pid or a host")
+        if not entries and self.inject and self.pid is not None:
             from torchmem.transport.inject import InjectError, inject_agent
 
             self.session.note(f"injecting the agent into {self.pid} (experimental)…")
@@ -60,7 +76,7 @@ class AttachedRun:
             except InjectError as exc:
                 raise AttachError(f"cannot inject the agent: {exc}") from None
             self.injected = True
-        if not entries:
+        if not entries and self.pid is not None:
             self.watch = ProcessWatchSource(self.session, self.pid, self.hz)
             self.watch.start()
             return
@@ -68,7 +84,14 @@ class AttachedRun:
         errors = []
         if multi:  # before the first connection, so that no live sample is missed
             # Nothing counts until every rank is connected (replays arrive meanwhile).
-            self.totals = RankTotals(self.session, {e.scope for e in entries}, math.inf)
+            hosts = {e.host for e in entries}
+            nodes = {e.scope: f"@{e.host.rpartition('@')[2]}" for e in entries}
+            self.totals = RankTotals(
+                self.session,
+                {e.scope for e in entries},
+                math.inf,
+                nodes if len(hosts) > 1 else None,
+            )
         for entry in entries:
             prefix = f"{entry.scope}/" if multi else ""
             remote = RemoteSource(self.session, entry, prefix)
@@ -83,20 +106,54 @@ class AttachedRun:
         if not self.remotes:
             if self.totals is not None:
                 self.totals.close()
+            self._close_tunnels()
             raise AttachError("; ".join(errors))
         if self.totals is not None:  # the clock is the agents' now: replays come before it
             self.totals.since = self.session.now()
         for error in errors:  # some ranks attached, others not: say which
             self.session.note(error)
 
+    def _forwarded(self) -> list[AgentEntry]:
+        """The agents on the hosts, each reached through a local end of an SSH tunnel."""
+        entries: list[AgentEntry] = []
+        errors: list[str] = []
+        for host in self.hosts:
+            try:
+                found = remote_entries(host, self.pid if len(self.hosts) == 1 else None)
+                if not found:
+                    what = f"process {self.pid}" if self.pid is not None else "any process"
+                    raise AttachError(
+                        f"{what} on {host.target} has no agent: start the run there with "
+                        "`torchmem run --attachable` (or torchmem.serve() in the script); "
+                        "over SSH torchmem attaches through agents only"
+                    )
+                tunnel = Tunnel(host)
+                entries += tunnel.open(found)
+                self.tunnels.append(tunnel)
+            except AttachError as exc:
+                errors.append(str(exc))
+        if not entries:
+            raise AttachError("; ".join(errors))
+        for error in errors:  # some hosts attached, others not: say which
+            self.session.note(error)
+        return sorted(entries, key=lambda e: (e.rank is None, e.rank or 0, e.host, e.pid))
+
     @property
     def label(self) -> str:
         """What is attached, for titles and status lines."""
         if self.watch is not None:
             return f"pid {self.pid} (from outside)"
+        where = f" on {', '.join(h.name for h in self.hosts)}" if self.hosts else ""
         if len(self.remotes) == 1:
-            return f"pid {self.remotes[0].pid}"
-        return f"pid {self.pid}: " + ", ".join(r.label for r in self.remotes)
+            return f"pid {self.remotes[0].pid}{where}"
+        what = f"pid {self.pid}: " if self.pid is not None else ""
+        return what + ", ".join(r.label for r in self.remotes) + where
+
+    def reporting(self) -> tuple[int, int]:
+        """(hosts whose processes still report, hosts attached): "3 of 4 nodes"."""
+        hosts = {r.entry.host for r in self.remotes}
+        alive = {r.entry.host for r in self.remotes if not r.ended.is_set()}
+        return len(alive), len(hosts)
 
     @property
     def ended(self) -> bool:
@@ -135,6 +192,12 @@ class AttachedRun:
             self.watch.close()
         if self.totals is not None:
             self.totals.close()
+        self._close_tunnels()
+
+    def _close_tunnels(self) -> None:
+        for tunnel in self.tunnels:
+            tunnel.close()
+        self.tunnels = []
 
     # -- what the window asks of a source ----------------------------------------------------
     @property

@@ -40,6 +40,25 @@ class ProcessInfo:
             "agent": self.agent.public() if self.agent else None,
         }
 
+    @classmethod
+    def from_json(cls, row: dict[str, Any], host: str = "") -> ProcessInfo:
+        """A row of another machine's ``torchmem ps --json``, for showing (its agent has
+        no token: attaching reads that over SSH when it is time)."""
+        agent = row.get("agent")
+        entry = None
+        if isinstance(agent, dict):
+            try:
+                entry = AgentEntry.from_json({**agent, "token": "", "host": host})
+            except TypeError:
+                entry = None
+        return cls(
+            pid=int(row["pid"]),
+            cmdline=[str(a) for a in row.get("cmdline") or []],
+            rss=int(row.get("rss_bytes") or 0),
+            gpu_bytes=row.get("gpu_bytes"),
+            agent=entry,
+        )
+
 
 def _has_torch(proc: psutil.Process) -> bool:
     """True when the process has loaded libtorch (read from its memory map)."""

@@ -231,7 +231,12 @@ class RemoteSource:
             self.ended.set()
             return
         now = self.session.now()
-        gone = _gone(self.entry.pid, wait_s=0.0 if self._run_finished else 1.0)
+        host = self.entry.host
+        if host:  # another machine: its processes cannot be looked up from here
+            gone = self._run_finished
+            reason = f"{reason} (the process on {host} ended, or the SSH connection dropped)"
+        else:
+            gone = _gone(self.entry.pid, wait_s=0.0 if self._run_finished else 1.0)
         what = f"process {self.entry.pid} exited" if gone else reason
         self.session.submit(LogRecord(now, Stream.TORCHMEM, f"{self.label}: detached: {what}"))
         if self.prefix:

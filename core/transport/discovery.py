@@ -52,6 +52,8 @@ class AgentEntry:
     #: The kernel's start time of the process in clock ticks since boot (Linux): what
     #: tells a reused pid apart, where a wall-clock ``create_time`` moves with clock steps.
     start_ticks: int | None = None
+    #: The SSH host the agent was reached through (set by the viewer; "" for this machine).
+    host: str = ""
 
     def public(self) -> dict[str, Any]:
         """The entry without its token (for `torchmem ps --json` and the GUI)."""
@@ -61,8 +63,11 @@ class AgentEntry:
 
     @property
     def scope(self) -> str:
-        """How the series of this process are prefixed in a job: ``rank1``, or ``pid4242``."""
-        return f"rank{self.rank}" if self.rank is not None else f"pid{self.pid}"
+        """How the series of this process are prefixed in a job: ``rank1``, ``pid4242``,
+        or ``pid4242@node1`` on another machine (pids repeat across machines)."""
+        if self.rank is not None:
+            return f"rank{self.rank}"  # a job's ranks are unique across its nodes
+        return f"pid{self.pid}@{self.host.rpartition('@')[2]}" if self.host else f"pid{self.pid}"
 
     @classmethod
     def from_json(cls, data: Any) -> AgentEntry:

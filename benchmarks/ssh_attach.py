@@ -1,0 +1,190 @@
+"""Attaching over SSH: latency next to the local socket, and the cost of 16 ranks.
+
+A private sshd on localhost stands in for a remote node (the tests' fake node, whose
+sessions have their own agent directory), so the SSH path is measured without a network:
+what it adds is ssh's encryption and two extra hops through ssh and sshd.
+
+1. Sample-to-plot latency, p50 / p99: a served script "on the node", read once through
+   its local socket and once through ``AttachedRun(hosts=[node])``, in alternating
+   rounds; the delay from the reading in the agent's process to the window's 30 Hz bridge
+   handing it to the views (as ``agent_overhead.py`` part 2 measures it).
+2. 16 agents at 10 Hz under one launcher on the node, attached over one ssh tunnel: CPU
+   of the ssh client, of the sshd processes serving it, and of this viewer.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/ssh_attach.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+from agent_overhead import FLEET, SERVED, _qt_app
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # the fake node of the SSH tests
+from sshd import Cluster  # noqa: E402
+
+from torchmem.events import Sample  # noqa: E402
+from torchmem.session import Session  # noqa: E402
+from torchmem.sources.attached import AttachedRun  # noqa: E402
+from torchmem.sources.remote import RemoteSource  # noqa: E402
+from torchmem.transport.discovery import list_agents  # noqa: E402
+from torchmem.transport.ssh import SshHost  # noqa: E402
+
+REMOTE = f"{sys.executable} -m torchmem"
+
+
+def delays_of(session: Session, seconds: float) -> list[float]:
+    """Reading-to-bridge delays of the periodic samples arriving for ``seconds``."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    from torchmem.gui.bridge import SessionBridge
+
+    bridge = SessionBridge(session)
+    since = session.now() + 1.0  # past the replay of the history
+    delays: list[float] = []
+    pending: list[float] = []
+    lock = threading.Lock()
+
+    def arrived(event: object) -> None:  # in a connection's reader thread
+        if isinstance(event, Sample) and event.step is None and event.t > since:
+            with lock:
+                pending.append(event.t)
+
+    def drawn() -> None:
+        now = session.now()
+        with lock:
+            delays.extend(now - t for t in pending)
+            pending.clear()
+
+    unsubscribe = session.subscribe(arrived)
+    bridge.changed.connect(drawn)
+    loop = QEventLoop()
+    QTimer.singleShot(int(seconds * 1000), loop.quit)
+    loop.exec()
+    unsubscribe()
+    bridge.close()
+    return delays
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def latency(node, rounds: int, seconds: float) -> None:
+    _qt_app()
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVED), "--sleep", "0.02"], stdout=subprocess.DEVNULL,
+        env=node.env(),
+    )  # fmt: skip
+    try:
+        while not list_agents(node.runtime):
+            time.sleep(0.05)
+        (entry,) = list_agents(node.runtime)
+        local: list[float] = []
+        ssh: list[float] = []
+        for _ in range(rounds):  # alternating, so that both see the same machine load
+            session = Session()
+            remote = RemoteSource(session, entry)
+            remote.connect()
+            local += delays_of(session, seconds)
+            remote.close()
+            session = Session()
+            run = AttachedRun(session, proc.pid, hosts=[SshHost(node.alias, REMOTE)])
+            run.connect()
+            ssh += delays_of(session, seconds)
+            run.close()
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"\n1. sample-to-plot latency, {rounds} alternating rounds of {seconds:g} s at 10 Hz")
+    print(f"{'path':<22}{'samples':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
+    for name, values in (("local socket", local), ("SSH tunnel (localhost)", ssh)):
+        print(
+            f"{name:<22}{len(values):>8}{percentile(values, 0.5) * 1e3:>9.1f}"
+            f"{percentile(values, 0.99) * 1e3:>9.1f}{max(values) * 1e3:>9.1f}"
+        )
+
+
+def cpu_of(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def fleet(node, n: int, seconds: float) -> None:
+    launcher = subprocess.Popen([sys.executable, "-c", FLEET, str(SERVED), str(n)], env=node.env())
+    try:
+        deadline = time.monotonic() + 240
+        while len(list_agents(node.runtime)) < n and time.monotonic() < deadline:
+            time.sleep(0.2)
+        agents = len(list_agents(node.runtime))
+        session = Session()
+        run = AttachedRun(session, launcher.pid, hosts=[SshHost(node.alias, REMOTE)])
+        run.connect()
+        time.sleep(5.0)  # past the replays
+        (tunnel,) = run.tunnels
+        client = psutil.Process(tunnel.proc.pid)
+        # The sshd processes serving the tunnel: children of the node's sshd.
+        servers = psutil.Process(node.proc.pid).children(recursive=True)
+        me = psutil.Process()
+        before = (cpu_of([client]), cpu_of(servers), cpu_of([me]), session.samples)
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        elapsed = time.monotonic() - t0
+        after = (cpu_of([client]), cpu_of(servers), cpu_of([me]), session.samples)
+        run.close()
+    finally:
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        launcher.kill()
+        launcher.wait()
+        for child in children:
+            child.kill()
+    share = [100 * (a - b) / elapsed for a, b in zip(after[:3], before[:3], strict=True)]
+    rate = (after[3] - before[3]) / elapsed
+    print(f"\n2. {agents} agents at 10 Hz attached over one SSH tunnel, {elapsed:.0f} s")
+    print(f"ssh client {share[0]:.1f}% of a core; sshd {share[1]:.1f}%; viewer {share[2]:.1f}%")
+    print(f"{rate:.0f} samples/s received (ranks and their total)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--agents", type=int, default=16)
+    p.add_argument("--parts", default="12")
+    args = p.parse_args()
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ.setdefault("TORCHMEM_RUNTIME_DIR", tempfile.mkdtemp(prefix="tm-bench-"))
+    root = Path(tempfile.mkdtemp(prefix="tm-ssh-bench-"))
+    root.chmod(0o700)
+    cluster = Cluster(root, ("node-a",))
+    os.environ["TORCHMEM_SSH_CONFIG"] = str(cluster.config)
+    node = cluster.nodes["node-a"]
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    try:
+        if "1" in args.parts:
+            latency(node, args.rounds, args.seconds)
+        if "2" in args.parts:
+            fleet(node, args.agents, args.seconds * 2)
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
