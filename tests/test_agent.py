@@ -271,8 +271,9 @@ def test_cli_ps_and_attach_summary(served, tmp_path):
     assert data["pid"] == proc.pid and data["injected"] is False
     assert data["samples"] >= 10 and data["peak_bytes"]["cpu_rss"] > 50 << 20
     assert data["ranks"] == [
-        {"pid": proc.pid, "rank": None, "world_size": None, "status": "running", "ended": False}
-    ]
+        {"pid": proc.pid, "rank": None, "world_size": None, "status": "running", "ended": False,
+         "host": None}
+    ]  # fmt: skip
     assert data["kind"] == "attach" and data["duration_s"] >= 1.5
 
 
