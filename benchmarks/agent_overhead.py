@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import psutil
+import report
 import torch
 from sampler_overhead import Monitored, make_loop, timed_block
 
@@ -176,6 +177,13 @@ def step_time(blocks: int, steps: int) -> None:
         f"the viewer process (a RemoteSource, no window), while subscribed and timed: "
         f"{viewer_share:.2%} of a core"
     )
+    paired = statistics.median(m["agent + viewer"] / m["unmonitored"] for m in rounds)
+    report.ratio_row(
+        "step time, agent + connected viewer",
+        paired,
+        1.01,
+        f"paired median of {blocks} rotated rounds x {steps} steps, viewer in a process",
+    )
 
 
 def _qt_app():
@@ -239,6 +247,12 @@ def latency(seconds: float) -> None:
         f"over {len(delays)} samples ({seconds:g} s at 10 Hz)"
     )
     print(f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {delays[-1] * 1e3:.1f} ms")
+    how = f"{len(delays)} samples at 10 Hz, agent in a child, to the window's 30 Hz bridge"
+    report.row("sample-to-plot latency p50 (local socket)", f"{p50 * 1e3:.1f} ms", "", None, how)
+    report.row(
+        "sample-to-plot latency p99 (local socket)",
+        f"{p99 * 1e3:.1f} ms", "<= 50 ms", p99 <= 0.050, how,
+    )  # fmt: skip
 
 
 def spin(seconds: float) -> None:
@@ -292,6 +306,11 @@ def fleet(n: int, seconds: float) -> None:
         f"window process CPU: {100 * cpu / elapsed:.1f}% of one core; "
         f"{samples / elapsed:.0f} samples/s received (ranks and their total)"
     )
+    report.row(
+        f"{agents} agents x 10 Hz into one window: its CPU",
+        f"{100 * cpu / elapsed:.1f}% of a core", "", None,
+        f"{elapsed:.0f} s, offscreen window attached to their launcher",
+    )  # fmt: skip
 
 
 def main() -> None:

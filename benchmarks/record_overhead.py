@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import psutil
+import report
 import torch
 from sampler_overhead import Monitored, make_loop, timed_block
 
@@ -170,6 +171,12 @@ def main() -> None:
             f"recorded blocks ({100 * recorded.cpu / max(recorded.wall, 1e-9):.2f}% of one "
             f"core); {recorded.recorder.written:,} rows, "
             f"{file_bytes(recorded.recorder.path) / 1024:.0f} KiB"
+        )
+        report.ratio_row(
+            "step time, recording (vs torchmem defaults)",
+            statistics.median(results["defaults + recording"]) / defaults,
+            1.01,
+            f"median step, {args.blocks} interleaved blocks x {args.steps} steps",
         )
         an_hour_on_disk(folder, args.hours)
 

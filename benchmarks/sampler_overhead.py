@@ -18,6 +18,7 @@ import platform
 import statistics
 import time
 
+import report
 import torch
 from torch import nn
 
@@ -131,6 +132,13 @@ def main() -> None:
             f"{name:<18} {med * 1000:>9.2f} ms {med / base:>7.3f} {mean * 1000:>8.2f} ms "
             f"{mean / base_mean:>7.3f}"
         )
+    how = f"median step, {args.blocks} interleaved blocks x {args.steps} steps, CPU CNN"
+    for name, limit in (("torchmem defaults", 1.02), ("torchmem 100 Hz", None)):
+        ratio = statistics.median(results[name]) / base
+        if limit is None:
+            report.row(f"step time, {name}", f"{ratio:.3f}x", "", None, how)
+        else:
+            report.ratio_row(f"step time, {name} (10 Hz, leak tracking)", ratio, limit, how)
     for name, monitor in variants.items():
         if monitor is not None:
             session = monitor.session

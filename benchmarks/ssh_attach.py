@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import psutil
+import report
 from agent_overhead import FLEET, SERVED, _qt_app
 
 HERE = Path(__file__).resolve().parent
@@ -114,6 +115,13 @@ def latency(node, rounds: int, seconds: float) -> None:
             f"{name:<22}{len(values):>8}{percentile(values, 0.5) * 1e3:>9.1f}"
             f"{percentile(values, 0.99) * 1e3:>9.1f}{max(values) * 1e3:>9.1f}"
         )
+    p99 = percentile(ssh, 0.99)
+    report.row(
+        "sample-to-plot latency p99 through SSH", f"{p99 * 1e3:.1f} ms", "<= 50 ms",
+        p99 <= 0.050,
+        f"{len(ssh)} samples, sshd on localhost; local socket p99 "
+        f"{percentile(local, 0.99) * 1e3:.1f} ms alongside",
+    )  # fmt: skip
 
 
 def cpu_of(procs: list[psutil.Process]) -> float:
@@ -160,6 +168,10 @@ def fleet(node, n: int, seconds: float) -> None:
     print(f"\n2. {agents} agents at 10 Hz attached over one SSH tunnel, {elapsed:.0f} s")
     print(f"ssh client {share[0]:.1f}% of a core; sshd {share[1]:.1f}%; viewer {share[2]:.1f}%")
     print(f"{rate:.0f} samples/s received (ranks and their total)")
+    report.row(
+        f"{agents} agents over one SSH tunnel: ssh + sshd CPU",
+        f"{share[0] + share[1]:.1f}% of a core", "", None, f"{elapsed:.0f} s at 10 Hz",
+    )  # fmt: skip
 
 
 def main() -> None:

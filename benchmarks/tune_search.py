@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "core"))  # a plain checkout
 
+import report
+
 from torchmem.tuning.search import BatchSearch, Trial
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -164,6 +166,7 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
+    totals: dict[str, list[tuple[float, float, float]]] = {}
     for case in CASES:
         truth = case.true_max(args.cap)
         for name, strategy in STRATEGIES.items():
@@ -178,6 +181,16 @@ def main() -> None:
                 f"{case.name:<28} {name:<26} {t:>6.0f} {worst:>5} {o:>5.0f} {f:>6.2f} "
                 f"{lowest:>6.2f}"
             )
+            totals.setdefault(name, []).append((t, o, lowest))
+    how = f"median over {len(CASES)} simulated memory curves x {len(seeds)} seeds"
+    for name, found in totals.items():
+        trials = statistics.median(r[0] for r in found)
+        ooms = statistics.median(r[1] for r in found)
+        lowest = min(r[2] for r in found)
+        report.row(
+            f"tuning, {name}: trials / OOMs / worst found",
+            f"{trials:.0f} / {ooms:.0f} / {lowest:.2f}", "", None, how,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

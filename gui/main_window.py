@@ -101,6 +101,10 @@ class MainWindow(QMainWindow):
         self.cwd: str | None = None
         self.last_result: RunFinished | None = None
         self.force_exit_needed = False
+        #: The last attach over SSH (pid, hosts), for Reconnect; the lost nodes said so far.
+        self._ssh_attach: tuple[int | None, list] | None = None
+        self._lost_shown: set[str] = set()
+        self._reconnect_pending = False
         #: PYTORCH_CUDA_ALLOC_CONF of the next runs ("" for the allocator's defaults).
         self.allocator_conf = ""
         self._oom_dialog: OomDialog | None = None
@@ -802,6 +806,8 @@ class MainWindow(QMainWindow):
             return False
         self.banner.hide()
         self._clear_views()
+        self._ssh_attach = (pid, list(hosts)) if hosts else None
+        self._lost_shown: set[str] = set()
         run = self.runs.start_attach(pid, self.rate_spin.value(), entries, inject, hosts)
         self.tensors.referrers = run.referrers
         where = ", ".join(h.target for h in hosts or [])
@@ -874,6 +880,36 @@ class MainWindow(QMainWindow):
             self.run_label.setText(f"Detached from {attached_label}")
         self.bridge.flush()
         self._update_actions()
+        if self._reconnect_pending:
+            self._reconnect_pending = False
+            QTimer.singleShot(0, self.reconnect)
+        elif self.runs.lost_hosts and self._ssh_attach is not None:
+            self._offer_reconnect(self.runs.lost_hosts, others_go_on=False)
+
+    def _offer_reconnect(self, lost: list[str], others_go_on: bool) -> None:
+        names = ", ".join(lost)
+        text = (
+            f"Lost the SSH connection to {names} (or its processes ended without a word). "
+            + ("The other nodes go on; " if others_go_on else "")
+            + "the traces so far are kept. Reconnect attaches again: the agents send what "
+            "they kept meanwhile."
+        )
+        what = ", ".join(h.target for h in self._ssh_attach[1]) if self._ssh_attach else ""
+        self.banner.show_message(
+            text, "warning", ("Reconnect", self.reconnect, f"Attach again over SSH to {what}")
+        )
+
+    @Slot()
+    def reconnect(self) -> None:
+        """Attach again to what the last SSH attach reached (detaching first if needed)."""
+        if self._ssh_attach is None:
+            return
+        if self.running:
+            self._reconnect_pending = True
+            self.detach()
+            return
+        pid, hosts = self._ssh_attach
+        self.attach(pid, hosts=hosts)
 
     # -- session events -------------------------------------------------------------------
     def _update_rank_combo(self) -> None:
@@ -903,6 +939,10 @@ class MainWindow(QMainWindow):
             if self.attached is not None and len(self.attached.hosts) > 1:
                 alive, hosts = self.attached.reporting()
                 what += f" · {alive} of {hosts} nodes reporting"
+                lost = set(self.attached.lost_hosts())
+                if lost - self._lost_shown:  # a node dropped: said once, with Reconnect
+                    self._lost_shown |= lost
+                    self._offer_reconnect(sorted(lost), others_go_on=True)
             if not self.stopping:
                 self.run_label.setText(f"● {what} · step {steps:,} · {self.session.now():.1f} s")
             else:

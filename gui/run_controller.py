@@ -65,6 +65,8 @@ class RunController(QObject):
         self._stop_requested_at: float | None = None
         self._rerun_pending = False
         self._inject_pid: int | None = None
+        #: The SSH hosts the last attached run lost (for the window's Reconnect).
+        self.lost_hosts: list[str] = []
         #: An in-process run let go of while blocked in a C call: (thread, worker) kept
         #: alive until the call returns (a running QThread must never be destroyed).
         self._abandoned: tuple[QThread, ScriptWorker] | None = None
@@ -253,8 +255,10 @@ class RunController(QObject):
             wait_thread(self._thread, 5000)  # it quits by itself once the worker is done
         self._thread = self._worker = None
         label = ""
+        self.lost_hosts = []
         if self.attached is not None:
             label = self.attached.label
+            self.lost_hosts = self.attached.lost_hosts()
             self.attached = None
         self.target = self.source
         self._stuck_timer.stop()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, Signal, Slot
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtGui import QColor, QPalette, QPen
 from PySide6.QtWidgets import QWidget
 
 from torchmem.events import MarkerKind, Severity
@@ -33,6 +33,11 @@ DASHED = {"peak_allocated", "available"}
 HIDDEN_BY_DEFAULT = {"available"}
 MARKER_COLORS = {MarkerKind.EPOCH: "#e377c2", MarkerKind.USER: "#bcbd22"}
 MAX_STEP_TICKS = 400
+#: Above this many points in view a trace is drawn 1 px wide instead of 2: Qt's raster
+#: engine draws wide lines segment by segment, and 8 dense wide traces took 107 ms a frame
+#: (9 frames/s) against 40-70 ms at 1 px (benchmarks/gui_speed.py). A dense trace looks
+#: the same thin; a sparse one keeps its weight.
+DENSE_POINTS = 1500
 #: Marker lines kept on the plots (the newest): thousands of lines would cost every frame.
 MAX_MARKER_LINES = 120
 
@@ -310,6 +315,15 @@ class TracePlot(pg.GraphicsLayoutWidget):
             self._curves[key] = curve
         return curve
 
+    @staticmethod
+    def _set_width(curve: pg.PlotDataItem, width: float) -> None:
+        pen = curve.opts.get("pen")
+        if pen is None or not isinstance(pen, QPen) or pen.widthF() == width:
+            return  # dots (sparse metrics), or already so
+        pen = QPen(pen)
+        pen.setWidthF(width)
+        curve.setPen(pen)
+
     def _x(self, t: np.ndarray) -> np.ndarray:
         return t if self.x_mode == "time" else self.session.to_steps(t)
 
@@ -332,11 +346,15 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 continue
             unit = self._pick_unit(data, group_keys)
             scale = 1.0 / UNITS[unit]
+            (x0, x1), _ = plot.vb.viewRange()
             for key in group_keys:
                 t, v = data[key]
                 x = self._x(t)
                 self._xy[key] = (x, v)
-                self._curve(key).setData(x, v * scale)
+                curve = self._curve(key)
+                curve.setData(x, v * scale)
+                shown = int(np.searchsorted(x, x1) - np.searchsorted(x, x0))
+                self._set_width(curve, 1.0 if shown > DENSE_POINTS else 2.0)
             if self._shown_units.get(group) != unit:
                 self._shown_units[group] = unit
                 plot.setLabel("left", f"memory ({unit})")

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.slow
 
 #: How the nodes run torchmem: their PATH has no venv, as on a cluster.
 REMOTE = f"{sys.executable} -m torchmem"
+#: Another version's torchmem, speaking an older protocol.
+OLD = f"{sys.executable} {SCRIPTS / 'old_torchmem.py'}"
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,7 @@ def test_ps_over_ssh_lists_the_hosts_agents_without_their_tokens(nodes):
         assert row["attachable"] and row["host"] == "node-a"
         assert entry.token not in done.stdout
         table = torchmem("ps", "--host", "node-a", "--remote-command", REMOTE, "--agents")
-        assert str(proc.pid) in table.stdout and "train_forever.py" in table.stdout
+        assert str(proc.pid) in table.stdout and "train_forever" in table.stdout
     finally:
         stop(proc)
 
@@ -162,6 +164,10 @@ def test_refusals_say_what_to_do_and_leave_no_process(nodes, tmp_path):
         (["ps", "--host", "nobody-listens"], "refused the SSH connection"),
         (["ps", "--host", "node-a"], "torchmem is not installed on node-a"),
         (["attach", "--host", "node-a", "--remote-command", REMOTE, "1"], "has no agent"),
+        (
+            ["attach", "--host", "node-a", "--remote-command", OLD, "1"],
+            "(0.0.9) speaks protocol 1, this one 2: install the same torchmem version",
+        ),
         (["attach", "--hostfile", str(bad_hostfile)], "line 2"),
         (["attach", "--hostfile", str(tmp_path / "missing")], "cannot read the hostfile"),
         (["attach", "--host", "node-a", "--host", "node-b", "42"], "give one --host"),
@@ -268,6 +274,8 @@ def test_the_window_shows_both_nodes_and_goes_on_when_one_drops(
     tunnel.proc.kill()
     qtbot.waitUntil(lambda: "1 of 2 nodes reporting" in window.run_label.text(), timeout=30_000)
     assert window.running and window.session.run_finished is None
+    banner = window.banner.text()
+    assert "Lost the SSH connection to node-b" in banner and "other nodes go on" in banner
     steps = window.session.steps.steps
     qtbot.waitUntil(lambda: window.session.steps.steps > steps + 3, timeout=30_000)
     labels = {m.label for m in window.session.user_markers()}
@@ -275,6 +283,11 @@ def test_the_window_shows_both_nodes_and_goes_on_when_one_drops(
         f"rank {r.entry.rank} ended" for r in window.attached.remotes if r.entry.host == "node-b"
     }
     assert len(dropped) == 2 and dropped <= labels, labels
+
+    # Reconnect: detached, then attached again to both nodes.
+    window.banner.action_button.click()
+    qtbot.waitUntil(lambda: "2 of 2 nodes reporting" in window.run_label.text(), timeout=60_000)
+    assert len(window.attached.tunnels) == 2
     window.detach()
     qtbot.waitUntil(lambda: not window.running, timeout=15_000)
     assert not our_ssh_processes(), "detaching ends every ssh process"

@@ -149,6 +149,19 @@ class AttachedRun:
         what = f"pid {self.pid}: " if self.pid is not None else ""
         return what + ", ".join(r.label for r in self.remotes) + where
 
+    def lost_hosts(self) -> list[str]:
+        """Hosts whose every process stopped reporting without saying it ended: the SSH
+        connection (or the machine) dropped, as far as this viewer can tell."""
+        lost = []
+        for host in self.hosts:
+            remotes = [r for r in self.remotes if r.entry.host == host.target]
+            if remotes and all(
+                r.ended.is_set() and not r.run_finished_seen and r.end_reason != "closed"
+                for r in remotes
+            ):
+                lost.append(host.target)
+        return lost
+
     def reporting(self) -> tuple[int, int]:
         """(hosts whose processes still report, hosts attached): "3 of 4 nodes"."""
         hosts = {r.entry.host for r in self.remotes}

@@ -1,0 +1,1 @@
+"""torchmem's benchmarks: ``python -m benchmarks`` (see __main__), or each script alone."""
