@@ -254,6 +254,20 @@ def test_every_rank_of_a_two_node_torchrun_job_in_one_summary(nodes, two_node_jo
     assert data["pid"] is None
     assert not our_ssh_processes()
 
+    # A host that cannot be reached is said, and the others are attached all the same.
+    from torchmem.session import Session
+    from torchmem.sources.attached import AttachedRun
+
+    session = Session()
+    run = AttachedRun(session, None, hosts=[SshHost("nobody-listens"), hosts[0]])
+    run.connect()
+    try:
+        assert {r.entry.host for r in run.remotes} == {"node-a"} and len(run.remotes) == 2
+        assert any("nobody-listens refused the SSH connection" in r.text for r in session.logs)
+    finally:
+        run.close()
+    assert not our_ssh_processes()
+
 
 def test_the_window_shows_both_nodes_and_goes_on_when_one_drops(
     nodes, two_node_job, qtbot, make_window

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from torchmem.events import CommandResult
@@ -114,24 +115,35 @@ class AttachedRun:
             self.session.note(error)
 
     def _forwarded(self) -> list[AgentEntry]:
-        """The agents on the hosts, each reached through a local end of an SSH tunnel."""
-        entries: list[AgentEntry] = []
-        errors: list[str] = []
-        for host in self.hosts:
+        """The agents on the hosts, each reached through a local end of an SSH tunnel.
+
+        Hosts are asked at once (a host that times out delays none of the others); the
+        tunnels are started from this thread, which follows the run, since each ssh dies
+        with the thread that started it.
+        """
+        pid = self.pid if len(self.hosts) == 1 else None
+        with ThreadPoolExecutor(max_workers=min(16, len(self.hosts))) as pool:
+            listed = list(pool.map(lambda h: _entries_or_error(h, pid), self.hosts))
+        errors = [found for found in listed if isinstance(found, str)]
+        started = []
+        for host, found in zip(self.hosts, listed, strict=True):
+            if isinstance(found, str):
+                continue
+            tunnel = Tunnel(host)
             try:
-                found = remote_entries(host, self.pid if len(self.hosts) == 1 else None)
-                if not found:
-                    what = f"process {self.pid}" if self.pid is not None else "any process"
-                    raise AttachError(
-                        f"{what} on {host.target} has no agent: start the run there with "
-                        "`torchmem run --attachable` (or torchmem.serve() in the script); "
-                        "over SSH torchmem attaches through agents only"
-                    )
-                tunnel = Tunnel(host)
-                entries += tunnel.open(found)
-                self.tunnels.append(tunnel)
+                tunnel.start(found)
             except AttachError as exc:
                 errors.append(str(exc))
+                continue
+            started.append(tunnel)
+        entries: list[AgentEntry] = []
+        for tunnel in started:
+            try:
+                entries += tunnel.wait()
+            except AttachError as exc:
+                errors.append(str(exc))
+                continue
+            self.tunnels.append(tunnel)
         if not entries:
             raise AttachError("; ".join(errors))
         for error in errors:  # some hosts attached, others not: say which
@@ -269,3 +281,19 @@ class AttachedRun:
             if len(self.remotes) == 1 or tensor.device.startswith(remote.prefix):
                 return remote.referrers(tensor)
         raise AttachError(f"no attached process holds tensors on {tensor.device}")
+
+
+def _entries_or_error(host: SshHost, pid: int | None) -> list[AgentEntry] | str:
+    """The agents on ``host`` (of ``pid``, or all), or what went wrong, said for the user."""
+    try:
+        found = remote_entries(host, pid)
+    except AttachError as exc:
+        return str(exc)
+    if not found:
+        what = f"process {pid}" if pid is not None else "any process"
+        return (
+            f"{what} on {host.target} has no agent: start the run there with `torchmem run "
+            "--attachable` (or torchmem.serve() in the script); over SSH torchmem attaches "
+            "through agents only"
+        )
+    return found

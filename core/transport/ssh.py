@@ -217,9 +217,10 @@ def remote_entries(host: SshHost, pid: int | None = None) -> list[AgentEntry]:
 class Tunnel:
     """One ``ssh -N`` that forwards the sockets of a host's agents to private local ones.
 
-    :meth:`open` returns the entries rewritten to their local ends; :meth:`close` ends
-    the ssh process and removes the local sockets. The ssh process also dies with the
-    thread that started it (``PR_SET_PDEATHSIG``), so a killed viewer leaves none behind.
+    :meth:`open` (or :meth:`start` then :meth:`wait`) returns the entries rewritten to
+    their local ends; :meth:`close` ends the ssh process and removes the local sockets.
+    The ssh process also dies with the thread that started it (``PR_SET_PDEATHSIG``), so
+    a killed viewer leaves none behind: start it from the thread that follows the run.
     """
 
     def __init__(self, host: SshHost) -> None:
@@ -227,9 +228,15 @@ class Tunnel:
         self.proc: subprocess.Popen[bytes] | None = None
         self.directory: Path | None = None
         self._stderr: Any = None
+        self._pending: tuple[list[AgentEntry], list[Path]] = ([], [])
 
     def open(self, entries: list[AgentEntry], timeout: float = 20.0) -> list[AgentEntry]:
         """Forward every entry's address; raise :class:`SshError` if ssh cannot."""
+        self.start(entries)
+        return self.wait(timeout)
+
+    def start(self, entries: list[AgentEntry]) -> None:
+        """Start forwarding (without waiting: several hosts connect at once)."""
         base = runtime_dir()
         self.directory = Path(tempfile.mkdtemp(prefix="ssh-", dir=base))  # 0700
         forwards, local = [], []
@@ -259,6 +266,12 @@ class Tunnel:
             stderr=self._stderr,
             preexec_fn=pdeathsig_preexec(signal.SIGTERM),
         )
+        self._pending = (entries, local)
+
+    def wait(self, timeout: float = 20.0) -> list[AgentEntry]:
+        """Wait until every local socket is there; the entries rewritten to them."""
+        entries, local = self._pending
+        assert self.proc is not None, "start() first"
         deadline = time.monotonic() + timeout
         while not all(p.exists() for p in local):
             if self.proc.poll() is not None:
