@@ -61,6 +61,51 @@ class SeriesBuffer:
         if value > self.peak:
             self.peak = value
 
+    def extend(self, t: np.ndarray, values: np.ndarray) -> None:
+        """Add many samples at once, exactly as that many :meth:`append` calls would
+        (a reopened recording seeds its series with ~10,000 readings each)."""
+        t = np.asarray(t, dtype=np.float64)
+        values = np.asarray(values, dtype=np.float64)
+        n = len(t)
+        if n == 0:
+            return
+        cap = len(self._t)
+        overflow = self._len + n - cap
+        if overflow > 0:  # the oldest of the ring and the new ones fold into the history
+            old_t, old_v = self.recent()
+            all_t, all_v = np.concatenate((old_t, t)), np.concatenate((old_v, values))
+            self._fold_many(all_t[:overflow], all_v[:overflow])
+            self._t[:], self._v[:] = all_t[overflow:], all_v[overflow:]
+            self._start, self._len = 0, cap
+        else:
+            idx = (self._start + self._len + np.arange(n)) % cap
+            self._t[idx], self._v[idx] = t, values
+            self._len += n
+        self.count += n
+        self.last, self.last_t = float(values[-1]), float(t[-1])
+        top = np.fmax.reduce(values)  # NaN only when every value is, as append skips NaN
+        if top > self.peak:
+            self.peak = float(top)
+
+    def _fold_many(self, t: np.ndarray, v: np.ndarray) -> None:
+        """:meth:`_fold` of each sample in order, a bucket's worth at a time."""
+        i = 0
+        while i < len(t):
+            p = self._pending
+            take = min(self._bucket_width - (p[4] if p else 0), len(t) - i)
+            chunk = v[i : i + take]
+            lo, hi = float(np.fmin.reduce(chunk)), float(np.fmax.reduce(chunk))
+            if p is None:
+                p = self._pending = [float(t[i]), float(t[i + take - 1]), lo, hi, take]
+            else:
+                p[1] = float(t[i + take - 1])
+                p[2], p[3] = min(p[2], lo), max(p[3], hi)
+                p[4] += take
+            i += take
+            if p[4] >= self._bucket_width:  # the width read afresh: a merge doubles it
+                self._push_bucket(p[0], p[1], p[2], p[3])
+                self._pending = None
+
     def reset_peak(self) -> None:
         """Forget the peak so far; the next sample starts a new one."""
         self.peak = self.last if not np.isnan(self.last) else -np.inf

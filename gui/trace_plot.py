@@ -106,6 +106,8 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self._shown_units: dict[str, str] = {}
         self._curves: dict[str, pg.PlotDataItem] = {}
         self._xy: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        #: What each curve was last given (length, ends, scale): unchanged data is skipped.
+        self._drawn: dict[str, tuple] = {}
         self._marker_lines: list[tuple[object, list[pg.InfiniteLine]]] = []
         self._alert_lines: dict[str, tuple[object, list[pg.InfiniteLine]]] = {}
         self._setting_range = False
@@ -273,6 +275,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
             curve.deleteLater()
         self._curves.clear()
         self._xy.clear()
+        self._drawn.clear()
         for _, lines in self._marker_lines:
             for line in lines:
                 _discard(line)
@@ -352,7 +355,12 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 x = self._x(t)
                 self._xy[key] = (x, v)
                 curve = self._curve(key)
-                curve.setData(x, v * scale)
+                # Unchanged data is not set again: a reopened recording refreshes several
+                # times, and dots (USS) cost 13 ms a series to set (ScatterPlotItem).
+                drawn = (len(x), x[0], x[-1], v[0], v[-1], scale) if len(x) else (0, scale)
+                if self._drawn.get(key) != drawn:
+                    self._drawn[key] = drawn
+                    curve.setData(x, v * scale)
                 shown = int(np.searchsorted(x, x1) - np.searchsorted(x, x0))
                 self._set_width(curve, 1.0 if shown > DENSE_POINTS else 2.0)
             if self._shown_units.get(group) != unit:

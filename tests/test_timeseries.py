@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torchmem.timeseries import SeriesBuffer, StepClock
 
@@ -97,3 +101,29 @@ def test_summary_peaks_list_ranks_in_numeric_order_and_the_total_last():
         "total/cpu_rss",
     ]
     assert peaks["rank10/cpu_rss"] == 10.0 and peaks["total/cpu_rss"] == 13.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.floats(-1e12, 1e12, allow_nan=False), min_size=0, max_size=400),
+    cuts=st.lists(st.integers(0, 400), max_size=6),
+    recent=st.integers(2, 40),
+    buckets=st.integers(2, 8),
+    width=st.integers(1, 5),
+)
+def test_extend_is_exactly_one_append_per_sample(values, cuts, recent, buckets, width):
+    """A reopened recording seeds its series with extend(): what it draws (the envelope
+    and the peak) must be what the same samples appended one by one would draw."""
+    one = SeriesBuffer(recent, buckets, width)
+    many = SeriesBuffer(recent, buckets, width)
+    t = np.arange(len(values), dtype=np.float64) * 0.1
+    for ti, vi in zip(t, values, strict=True):
+        one.append(float(ti), vi)
+    bounds = sorted({0, len(values), *(c for c in cuts if c <= len(values))})
+    for a, b in itertools.pairwise(bounds):
+        many.extend(t[a:b], np.asarray(values[a:b], dtype=np.float64))
+    for got, expected in zip(many.arrays(), one.arrays(), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    assert (many.count, many.bucket_width, many.peak) == (one.count, one.bucket_width, one.peak)
+    if values:
+        assert (many.last, many.last_t) == (one.last, one.last_t)

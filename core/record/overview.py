@@ -111,8 +111,7 @@ def seed_session(session: Session, overview: dict[str, Any]) -> float:
         # min/max pairs then recent readings, in time order: as samples, they rebuild the
         # same envelope and recent window (bucket sizes aside), and the same peak.
         buf = SeriesBuffer()
-        for ti, vi in zip(t.tolist(), v.tolist(), strict=True):
-            buf.append(ti, vi)
+        buf.extend(t, v)
         buf.peak = max(buf.peak, float(data["peak"]))
         series[key] = buf
         if len(t):
