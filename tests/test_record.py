@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -216,6 +218,47 @@ def test_kill_9_of_a_recorded_run_loses_at_most_the_last_second(tmp_path):
     assert data["status"] == "killed or crashed"
     assert data["recording"]["complete"] is False
     assert data["samples"] == recording.session.samples > 5
+    _reads_the_same_where_it_cannot_write(path, data)
+
+
+def _reads_the_same_where_it_cannot_write(path: Path, expected: dict) -> None:
+    """The killed run's file, WAL and all, in a folder its reader cannot write (a shared
+    results folder): SQLite cannot create the WAL's index there, yet the report is the
+    same, and nothing is written beside the file. As root, the reader runs without the
+    capabilities that let root write anywhere."""
+    assert path.with_name(path.name + "-wal").exists(), "a killed recording leaves its WAL"
+    shared = Path(tempfile.mkdtemp(prefix="tm-shared-"))
+    try:
+        for suffix in ("", "-wal"):
+            copy = shared / (path.name + suffix)
+            shutil.copyfile(path.with_name(path.name + suffix), copy)
+            copy.chmod(0o444)
+        shared.chmod(0o555)
+        before = sorted(p.name for p in shared.iterdir())
+        home = Path(tempfile.mkdtemp(prefix="tm-home-"))
+        home.chmod(0o777)
+        prefix: list[str] = []
+        if os.geteuid() == 0:  # root writes anywhere: the reader runs without that power
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                pytest.skip("as root, setpriv (util-linux) is needed to read without writing")
+            prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner",
+                      "--inh-caps=-all", "--"]  # fmt: skip
+        done = subprocess.run(
+            [*prefix, sys.executable, "-m", "torchmem", "report", "--json",
+             str(shared / path.name)],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home),
+                 "XDG_DATA_HOME": str(home), "TMPDIR": str(home)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert data["samples"] == expected["samples"] and data["steps"] == expected["steps"]
+        assert sorted(p.name for p in shared.iterdir()) == before, "nothing written beside it"
+        assert not list(home.glob("torchmem-session-*")), "the private copy is removed"
+    finally:
+        shared.chmod(0o755)
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest.mark.slow
