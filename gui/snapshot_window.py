@@ -40,6 +40,7 @@ from torchmem.snapshots.open import SnapshotCancelled, open_snapshot
 from torchmem.snapshots.read import SnapshotError
 from torchmem.units import format_bytes
 
+from .segment_map import SegmentMap
 from .workers import start_in_thread, wait_thread
 
 #: Stacked from the bottom: what stays (parameters) under what comes and goes.
@@ -173,6 +174,8 @@ class SnapshotWindow(QMainWindow):
         self.tabs.addTab(self.table, "Live at the moment")
         self.tabs.addTab(self.diff_table, "Compared at the peaks")
         self.tabs.setTabEnabled(1, False)
+        self.segment_map = SegmentMap(CATEGORY_COLORS)
+        self.tabs.addTab(self.segment_map, "Segments at the moment")
         lower = QSplitter(Qt.Horizontal)
         lower.addWidget(self.tabs)
         lower.addWidget(right_box)
@@ -271,6 +274,15 @@ class SnapshotWindow(QMainWindow):
         """The allocator's segments at the moment (from the trace's segment events)."""
         traced = analysis.traces_segments(self.index, self.device)
         segs = analysis.segments_at(self.index, self.device, event) if traced else []
+        if traced:
+            self.segment_map.show_segments(segs)
+        else:
+            self.segment_map.show_message(
+                "This snapshot's trace records no segment events, so the allocator's state "
+                "can only be told at the end (beside). Record history with "
+                "torch.cuda.memory._record_memory_history() before the segments are made "
+                "(at the start of the run) to see them at any moment."
+            )
         if not segs:
             self.segments_label.setText(self.end_segments)
             return

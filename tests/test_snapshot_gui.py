@@ -105,3 +105,35 @@ def test_a_second_snapshot_is_drawn_over_the_first_and_compared_by_line(qtbot, o
     names = {i.name() for i in snap.plot.plotItem.listDataItems() if i.name()}
     assert "compared: after.pickle" in names
     assert len(window.snapshots.windows) == 1  # compared in place, not a new window
+
+
+def test_the_segments_tab_draws_each_segment_block_by_block(qtbot, make_window, tmp_path):
+    from snapshot_files import PARAM, alloc, free
+
+    seg = 0x10000000
+    trace = [
+        {"action": "segment_alloc", "addr": seg, "size": 20 * MiB, "stream": 0, "time_us": 1,
+         "frames": []},
+        alloc(seg, 4 * MiB, 2, PARAM),
+        alloc(seg + 4 * MiB, 8 * MiB, 3, PARAM),
+        alloc(seg + 12 * MiB, 4 * MiB, 4, PARAM),
+        *free(seg + 4 * MiB, 8 * MiB, 5),
+    ]  # fmt: skip
+    window = make_window()
+    path = write(tmp_path / "segments.pickle", {"segments": [], "device_traces": [trace]})
+    with qtbot.waitSignal(window.snapshots.opened, timeout=OPEN_TIMEOUT_MS) as signal:
+        assert window.snapshots.open(str(path))
+    snap = signal.args[0]
+    qtbot.addWidget(snap)
+    snap.set_moment(int(snap.line.events[-1]))  # after the free: two blocks and a hole
+    assert (snap.segment_map.rows, snap.segment_map.blocks) == (1, 2)
+    assert "the largest free block 8.00 MiB" in snap.segments_label.text()
+    labels = snap.segment_map.plot.getAxis("left")._tickLevels[0]
+    assert labels[0][1] == "0x10000000 · 20.00 MiB"
+    assert snap.segment_map.free_labels == ["largest free 8.00 MiB"]
+
+
+def test_without_segment_events_the_segments_tab_says_why(opened):
+    _, snap = opened
+    assert snap.segment_map._stack.currentWidget() is snap.segment_map.message
+    assert "records no segment events" in snap.segment_map.message.text()

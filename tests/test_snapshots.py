@@ -181,6 +181,9 @@ def test_the_allocator_state_at_a_moment_shows_the_largest_free_block():
     assert (at_4.size, at_4.allocated, at_4.largest_free) == (20 * MiB, 16 * MiB, 4 * MiB)
     (at_5,) = analysis.segments_at(index, 0, max(r for r in rows.values()))
     assert (at_5.allocated, at_5.largest_free) == (8 * MiB, 8 * MiB)  # the hole, not the tail
+    # Block by block, for the map: what is where in the segment, and what it is.
+    assert at_5.blocks == ((0, 4 * MiB, "parameter"), (12 * MiB, 4 * MiB, "parameter"))
+    assert len(at_4.blocks) == 3
     assert analysis.segments_at(index, 0, -1) == []  # before the segment existed
     assert analysis.traces_segments(index, 0)
     assert not analysis.traces_segments(build_index(small_snapshot()), 0)

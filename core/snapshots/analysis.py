@@ -279,6 +279,8 @@ class SegmentState:
     #: The largest stretch of it with no live allocation: the largest request it could
     #: still serve without asking the device for more.
     largest_free: int
+    #: The live allocations inside it, by address: (offset in the segment, size, category).
+    blocks: tuple[tuple[int, int, str], ...] = ()
 
 
 def traces_segments(index: SnapshotIndex, device: int) -> bool:
@@ -317,8 +319,9 @@ def segments_at(index: SnapshotIndex, device: int, event: int) -> list[SegmentSt
         return []
     starts = np.array(sorted(segs), dtype=np.uint64)
     live = live_at(index, device, event)
-    addrs, sizes = index.al_addr[live], index.al_size[live]
+    addrs, sizes, stacks = index.al_addr[live], index.al_size[live], index.al_stack[live]
     owner = np.searchsorted(starts, addrs, side="right") - 1
+    kinds: dict[int, str] = {}
     out = []
     for i, start in enumerate(starts.tolist()):
         size = segs[start]
@@ -327,5 +330,14 @@ def segments_at(index: SnapshotIndex, device: int, event: int) -> list[SegmentSt
         a, s = addrs[inside][order].astype(np.int64), sizes[inside][order]
         edges = np.r_[start, a + s]
         gaps = np.r_[a, start + size] - edges
-        out.append(SegmentState(start, size, int(s.sum()), int(max(gaps.max(), 0))))
+        blocks = []
+        for addr, nbytes, sid in zip(
+            a.tolist(), s.tolist(), stacks[inside][order].tolist(), strict=True
+        ):
+            if sid not in kinds:
+                kinds[sid] = category(index.stacks[sid]) if sid >= 0 else "other"
+            blocks.append((addr - start, int(nbytes), kinds[sid]))
+        out.append(
+            SegmentState(start, size, int(s.sum()), int(max(gaps.max(), 0)), tuple(blocks))
+        )
     return out
