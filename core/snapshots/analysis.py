@@ -337,7 +337,5 @@ def segments_at(index: SnapshotIndex, device: int, event: int) -> list[SegmentSt
             if sid not in kinds:
                 kinds[sid] = category(index.stacks[sid]) if sid >= 0 else "other"
             blocks.append((addr - start, int(nbytes), kinds[sid]))
-        out.append(
-            SegmentState(start, size, int(s.sum()), int(max(gaps.max(), 0)), tuple(blocks))
-        )
+        out.append(SegmentState(start, size, int(s.sum()), int(max(gaps.max(), 0)), tuple(blocks)))
     return out
