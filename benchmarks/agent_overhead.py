@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import report
@@ -192,15 +193,48 @@ def _qt_app():
     return create_app()
 
 
-def latency(seconds: float) -> None:
-    from PySide6.QtCore import QTimer
+def delays_of(session: Any, seconds: float) -> list[float]:
+    """Reading-to-bridge delays of the periodic samples arriving in ``session`` for
+    ``seconds`` (the event loop runs meanwhile): what the window's views see."""
+    from PySide6.QtCore import QEventLoop, QTimer
 
     from torchmem.events import Sample
     from torchmem.gui.bridge import SessionBridge
+
+    bridge = SessionBridge(session)
+    since = session.now() + 1.0  # past the replay of the history
+    delays: list[float] = []
+    pending: list[float] = []
+    lock = threading.Lock()
+
+    def arrived(event: object) -> None:  # in the connection's reader thread
+        # Periodic samples only: step-boundary readings are batched on purpose (taken
+        # in the training loop, handed on at the sampler's next tick).
+        if isinstance(event, Sample) and event.step is None and event.t > since:
+            with lock:
+                pending.append(event.t)
+
+    def drawn() -> None:  # the bridge's 30 Hz tick told the views: the sample is shown
+        now = session.now()
+        with lock:
+            delays.extend(now - t for t in pending)
+            pending.clear()
+
+    unsubscribe = session.subscribe(arrived)
+    bridge.changed.connect(drawn)
+    loop = QEventLoop()
+    QTimer.singleShot(int(seconds * 1000), loop.quit)
+    loop.exec()
+    unsubscribe()
+    bridge.close()
+    return sorted(delays)
+
+
+def latency(seconds: float) -> None:
     from torchmem.session import Session
     from torchmem.sources.remote import RemoteSource
 
-    app = _qt_app()
+    _qt_app()
     proc = subprocess.Popen([sys.executable, str(SERVED), "--sleep", "0.02"],
                             stdout=subprocess.DEVNULL)  # fmt: skip
     try:
@@ -209,37 +243,13 @@ def latency(seconds: float) -> None:
             entry = find_agent(proc.pid)
             time.sleep(0.05)
         session = Session()
-        bridge = SessionBridge(session)
         remote = RemoteSource(session, entry)
         remote.connect()
-        since = session.now() + 1.0  # past the replay of the history
-        delays: list[float] = []
-        pending: list[float] = []
-        lock = threading.Lock()
-
-        def arrived(event: object) -> None:  # in the connection's reader thread
-            # Periodic samples only: step-boundary readings are batched on purpose (taken
-            # in the training loop, handed on at the sampler's next tick).
-            if isinstance(event, Sample) and event.step is None and event.t > since:
-                with lock:
-                    pending.append(event.t)
-
-        def drawn() -> None:  # the bridge's 30 Hz tick told the views: the sample is shown
-            now = session.now()
-            with lock:
-                delays.extend(now - t for t in pending)
-                pending.clear()
-
-        session.subscribe(arrived)
-        bridge.changed.connect(drawn)
-        QTimer.singleShot(int(seconds * 1000), app.quit)
-        app.exec()
+        delays = delays_of(session, seconds)
         remote.close()
-        bridge.close()
     finally:
         proc.kill()
         proc.wait()
-    delays.sort()
     p50 = delays[len(delays) // 2]
     p99 = delays[int(len(delays) * 0.99)]
     print(

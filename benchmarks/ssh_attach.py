@@ -22,19 +22,17 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import psutil
 import report
-from agent_overhead import FLEET, SERVED, _qt_app
+from agent_overhead import FLEET, SERVED, _qt_app, delays_of
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the fake node of the SSH tests
 from sshd import Cluster  # noqa: E402
 
-from torchmem.events import Sample  # noqa: E402
 from torchmem.session import Session  # noqa: E402
 from torchmem.sources.attached import AttachedRun  # noqa: E402
 from torchmem.sources.remote import RemoteSource  # noqa: E402
@@ -42,39 +40,6 @@ from torchmem.transport.discovery import list_agents  # noqa: E402
 from torchmem.transport.ssh import SshHost  # noqa: E402
 
 REMOTE = f"{sys.executable} -m torchmem"
-
-
-def delays_of(session: Session, seconds: float) -> list[float]:
-    """Reading-to-bridge delays of the periodic samples arriving for ``seconds``."""
-    from PySide6.QtCore import QEventLoop, QTimer
-
-    from torchmem.gui.bridge import SessionBridge
-
-    bridge = SessionBridge(session)
-    since = session.now() + 1.0  # past the replay of the history
-    delays: list[float] = []
-    pending: list[float] = []
-    lock = threading.Lock()
-
-    def arrived(event: object) -> None:  # in a connection's reader thread
-        if isinstance(event, Sample) and event.step is None and event.t > since:
-            with lock:
-                pending.append(event.t)
-
-    def drawn() -> None:
-        now = session.now()
-        with lock:
-            delays.extend(now - t for t in pending)
-            pending.clear()
-
-    unsubscribe = session.subscribe(arrived)
-    bridge.changed.connect(drawn)
-    loop = QEventLoop()
-    QTimer.singleShot(int(seconds * 1000), loop.quit)
-    loop.exec()
-    unsubscribe()
-    bridge.close()
-    return delays
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -57,6 +57,21 @@ def segment(address: int, blocks: list[tuple[int, int, str]], device: int = 0) -
     }  # fmt: skip
 
 
+def holed_segment_snapshot(seg: int = 0x10000000) -> dict[str, Any]:
+    """One 20 MiB segment traced from its allocation: three parameters of 4, 8 and 4 MiB
+    (at times 2, 3, 4), then the middle one freed (time 5): a hole of 8 MiB between two
+    blocks, and 4 MiB free at the end."""
+    trace = [
+        {"action": "segment_alloc", "addr": seg, "size": 20 * MiB, "stream": 0, "time_us": 1,
+         "frames": []},
+        alloc(seg, 4 * MiB, 2, PARAM),
+        alloc(seg + 4 * MiB, 8 * MiB, 3, PARAM),
+        alloc(seg + 12 * MiB, 4 * MiB, 4, PARAM),
+        *free(seg + 4 * MiB, 8 * MiB, 5),
+    ]  # fmt: skip
+    return {"segments": [], "device_traces": [trace]}
+
+
 def small_snapshot() -> dict[str, Any]:
     """Known by hand: 1.5 MiB live before the trace (A freed at t=5, F never mentioned),
     B 2 MiB (parameter), C 4 MiB (activation, freed at t=4), D 3 MiB (optimizer state),

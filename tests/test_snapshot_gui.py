@@ -108,19 +108,10 @@ def test_a_second_snapshot_is_drawn_over_the_first_and_compared_by_line(qtbot, o
 
 
 def test_the_segments_tab_draws_each_segment_block_by_block(qtbot, make_window, tmp_path):
-    from snapshot_files import PARAM, alloc, free
+    from snapshot_files import holed_segment_snapshot
 
-    seg = 0x10000000
-    trace = [
-        {"action": "segment_alloc", "addr": seg, "size": 20 * MiB, "stream": 0, "time_us": 1,
-         "frames": []},
-        alloc(seg, 4 * MiB, 2, PARAM),
-        alloc(seg + 4 * MiB, 8 * MiB, 3, PARAM),
-        alloc(seg + 12 * MiB, 4 * MiB, 4, PARAM),
-        *free(seg + 4 * MiB, 8 * MiB, 5),
-    ]  # fmt: skip
     window = make_window()
-    path = write(tmp_path / "segments.pickle", {"segments": [], "device_traces": [trace]})
+    path = write(tmp_path / "segments.pickle", holed_segment_snapshot())
     with qtbot.waitSignal(window.snapshots.opened, timeout=OPEN_TIMEOUT_MS) as signal:
         assert window.snapshots.open(str(path))
     snap = signal.args[0]

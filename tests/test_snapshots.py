@@ -163,18 +163,9 @@ def test_two_snapshots_compare_by_line_at_their_peaks(tmp_path):
 
 
 def test_the_allocator_state_at_a_moment_shows_the_largest_free_block():
-    from snapshot_files import PARAM, alloc, free
+    from snapshot_files import holed_segment_snapshot
 
-    seg = 0x10000000
-    trace = [
-        {"action": "segment_alloc", "addr": seg, "size": 20 * MiB, "stream": 0, "time_us": 1,
-         "frames": []},
-        alloc(seg, 4 * MiB, 2, PARAM),
-        alloc(seg + 4 * MiB, 8 * MiB, 3, PARAM),
-        alloc(seg + 12 * MiB, 4 * MiB, 4, PARAM),
-        *free(seg + 4 * MiB, 8 * MiB, 5),  # a hole of 8 MiB in the middle
-    ]  # fmt: skip
-    snapshot = {"segments": [], "device_traces": [trace]}
+    snapshot = holed_segment_snapshot()
     index = build_index(snapshot)
     rows = {int(index.ev_time[r]): r for r in range(len(index.ev_time))}
     (at_4,) = analysis.segments_at(index, 0, rows[4])
