@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from torchmem import __version__
@@ -72,12 +73,21 @@ def _print(rows: list[dict[str, Any]], as_json: bool, where: str = "") -> int:
             f"{agent['rank']}/{agent.get('world_size')}" if agent.get("rank") is not None else "-"
         )
         gpu = format_bytes(row["gpu_bytes"]) if row.get("gpu_bytes") is not None else "-"
-        cmd = " ".join(row.get("cmdline") or [])[:100]
+        cmd = _short_command(row.get("cmdline") or [])
         print(
             f"{row['pid']:>8}  {'yes' if agent else 'no':<6} {rank:<6} "
             f"{format_bytes(row.get('rss_bytes') or 0):>10} {gpu:>10}  {cmd}"
         )
     return 0
+
+
+def _short_command(argv: list[str], width: int = 100) -> str:
+    """A command line that fits ``width``: the interpreter by its name, and the end kept
+    when it is cut (the script is at the end, the interpreter's path at the start)."""
+    if not argv:
+        return ""
+    text = " ".join([Path(argv[0]).name, *argv[1:]])
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 def _ssh_entries(pid: int | None) -> int:
