@@ -513,14 +513,34 @@ def test_memory_snapshots_taken_during_a_run_are_listed_by_its_report(tmp_path):
     from torchmem.events import CommandResult
 
     path = tmp_path / "snap.tmsession"
+    here = tmp_path / "snapshot-2.pickle"
+    here.write_bytes(b"a snapshot")
     live = Session()
     recorder = start_recording(path, live, "run", "train.py")
     live.submit(RunStarted(0.0, "train.py", ()))
+    live.submit(Sample(0.5, {"cpu/rss": 1e8}, None))
     live.submit(CommandResult(1.0, "snapshot", True, "written", output="/data/snapshot-1.pickle"))
     live.submit(CommandResult(2.0, "snapshot", False, "no history"))
+    live.submit(CommandResult(3.0, "snapshot", True, "written", output=str(here)))
     recorder.close()
     data = check_summary(recorded_summary(load(path)))
-    assert data["snapshots"] == ["/data/snapshot-1.pickle"]
+    assert data["snapshots"] == ["/data/snapshot-1.pickle", str(here)]
+
+    # --export: everything in one folder; a snapshot of another machine is said, not fatal.
+    out = tmp_path / "export"
+    done = _torchmem("report", "--export", str(out), str(path))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "samples.csv", "snapshot-2.pickle", "summary.json",
+    ]  # fmt: skip
+    assert (out / "snapshot-2.pickle").read_bytes() == b"a snapshot"
+    assert json.loads((out / "summary.json").read_text())["snapshots"] == data["snapshots"]
+    assert "cpu/rss" in (out / "samples.csv").read_text().splitlines()[0]
+    assert "/data/snapshot-1.pickle is not on this machine" in done.stderr
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    refused = _torchmem("report", "--export", str(blocked / "x"), str(path))
+    assert refused.returncode == 1 and "cannot export into" in refused.stderr
 
 
 def test_a_long_run_cut_short_reopens_with_the_samples_after_its_last_overview(

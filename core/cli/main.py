@@ -158,7 +158,7 @@ def _main(argv: list[str]) -> int:
             from torchmem.cli.report import censuses
 
             return censuses(opts.session, opts.diff)
-        return report(opts.session, opts.json, opts.summary, opts.csv)
+        return report(opts.session, opts.json, opts.summary, opts.csv, opts.export)
     if argv[:1] == ["compare"]:
         from torchmem.cli.report import compare
 

@@ -160,6 +160,12 @@ def report_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", metavar="JSON", help="also write the JSON summary here")
     p.add_argument("--csv", metavar="FILE", help="export every sample as CSV, a column per trace")
     p.add_argument(
+        "--export",
+        metavar="DIR",
+        help="write everything into DIR: samples.csv, summary.json and the memory snapshots "
+        "the run took (the plots' PNG and SVG: from the window, File > Export)",
+    )
+    p.add_argument(
         "--censuses", action="store_true", help="list the censuses the session holds, numbered"
     )
     p.add_argument(

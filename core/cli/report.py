@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,15 @@ def export_csv(path: Path, out: Path) -> int:
     return rows
 
 
-def report(path: str, as_json: bool, summary_path: str | None, csv_path: str | None) -> int:
-    """``torchmem report``: 0, or 2 when the file cannot be read."""
+def report(
+    path: str,
+    as_json: bool,
+    summary_path: str | None,
+    csv_path: str | None,
+    export_dir: str | None = None,
+) -> int:
+    """``torchmem report``: 0, or 2 when the file cannot be read (1 when an export
+    cannot be written)."""
     try:
         recording = load(path)
     except RecordError as exc:
@@ -114,6 +122,41 @@ def report(path: str, as_json: bool, summary_path: str | None, csv_path: str | N
             print(f"torchmem: cannot export the samples: {exc}", file=sys.stderr)
             return 1
         print(f"torchmem: wrote {rows:,} samples to {csv_path}", file=sys.stderr)
+    if export_dir:
+        return export_all(Path(path), data, Path(export_dir))
+    return 0
+
+
+def export_all(path: Path, data: dict[str, Any], folder: Path) -> int:
+    """Write the samples, the summary and the run's memory snapshots into ``folder``;
+    0, or 1 when something could not be written (said on stderr)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = export_csv(path, folder / "samples.csv")
+    except (OSError, RecordError) as exc:
+        print(f"torchmem: cannot export into {folder}: {exc}", file=sys.stderr)
+        return 1
+    if not write_summary(str(folder / "summary.json"), data):
+        return 1
+    copied, missing = [], []
+    for snapshot in data.get("snapshots", []):
+        source = Path(snapshot)
+        try:
+            shutil.copyfile(source, folder / source.name)
+            copied.append(source.name)
+        except OSError:
+            missing.append(snapshot)  # taken on another machine, or since removed
+    print(
+        f"torchmem: exported into {folder}: samples.csv ({rows:,} samples), summary.json"
+        + "".join(f", {name}" for name in copied),
+        file=sys.stderr,
+    )
+    for snapshot in missing:
+        print(
+            f"torchmem: the snapshot {snapshot} is not on this machine (taken where the run "
+            "ran?): not exported",
+            file=sys.stderr,
+        )
     return 0
 
 
