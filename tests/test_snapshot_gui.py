@@ -13,16 +13,20 @@ from snapshot_files import MiB, random_snapshot, small_snapshot, write
 OPEN_TIMEOUT_MS = 60_000
 
 
-@pytest.fixture
-def opened(qtbot, make_window, tmp_path):
-    """The main window, and a Snapshot window on the hand-made snapshot."""
-    window = make_window()
-    path = write(tmp_path / "small.pickle", small_snapshot())
+def open_snapshot(qtbot, window, path):
+    """The Snapshot window ``window`` opens on ``path``, once it is read."""
     with qtbot.waitSignal(window.snapshots.opened, timeout=OPEN_TIMEOUT_MS) as signal:
         assert window.snapshots.open(str(path))
     snap = signal.args[0]
     qtbot.addWidget(snap)
-    return window, snap
+    return snap
+
+
+@pytest.fixture
+def opened(qtbot, make_window, tmp_path):
+    """The main window, and a Snapshot window on the hand-made snapshot."""
+    window = make_window()
+    return window, open_snapshot(qtbot, window, write(tmp_path / "small.pickle", small_snapshot()))
 
 
 def test_it_opens_at_the_peak_with_the_live_set_by_line(opened):
@@ -110,12 +114,8 @@ def test_a_second_snapshot_is_drawn_over_the_first_and_compared_by_line(qtbot, o
 def test_the_segments_tab_draws_each_segment_block_by_block(qtbot, make_window, tmp_path):
     from snapshot_files import holed_segment_snapshot
 
-    window = make_window()
     path = write(tmp_path / "segments.pickle", holed_segment_snapshot())
-    with qtbot.waitSignal(window.snapshots.opened, timeout=OPEN_TIMEOUT_MS) as signal:
-        assert window.snapshots.open(str(path))
-    snap = signal.args[0]
-    qtbot.addWidget(snap)
+    snap = open_snapshot(qtbot, make_window(), path)
     snap.set_moment(int(snap.line.events[-1]))  # after the free: two blocks and a hole
     assert (snap.segment_map.rows, snap.segment_map.blocks) == (1, 2)
     assert "the largest free block 8.00 MiB" in snap.segments_label.text()

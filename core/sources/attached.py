@@ -15,7 +15,7 @@ from torchmem.sources.remote import RemoteSource
 from torchmem.sources.totals import RankTotals
 from torchmem.sources.watch import ProcessWatchSource
 from torchmem.transport.client import AttachError
-from torchmem.transport.discovery import AgentEntry
+from torchmem.transport.discovery import AgentEntry, host_name
 from torchmem.transport.ssh import SshHost, Tunnel, remote_entries
 
 
@@ -86,7 +86,7 @@ class AttachedRun:
         if multi:  # before the first connection, so that no live sample is missed
             # Nothing counts until every rank is connected (replays arrive meanwhile).
             hosts = {e.host for e in entries}
-            nodes = {e.scope: f"@{e.host.rpartition('@')[2]}" for e in entries}
+            nodes = {e.scope: f"@{host_name(e.host)}" for e in entries}
             self.totals = RankTotals(
                 self.session,
                 {e.scope for e in entries},

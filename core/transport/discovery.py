@@ -67,7 +67,7 @@ class AgentEntry:
         or ``pid4242@node1`` on another machine (pids repeat across machines)."""
         if self.rank is not None:
             return f"rank{self.rank}"  # a job's ranks are unique across its nodes
-        return f"pid{self.pid}@{self.host.rpartition('@')[2]}" if self.host else f"pid{self.pid}"
+        return f"pid{self.pid}@{host_name(self.host)}" if self.host else f"pid{self.pid}"
 
     @classmethod
     def from_json(cls, data: Any) -> AgentEntry:
@@ -77,6 +77,11 @@ class AgentEntry:
             raise TypeError("an agent entry is a JSON object")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def host_name(target: str) -> str:
+    """An SSH target without its user: ``node1`` for ``user@node1``."""
+    return target.rpartition("@")[2]
 
 
 def boot_id() -> str:

@@ -33,7 +33,7 @@ from typing import Any
 
 from torchmem.probe.parent_watch import pdeathsig_preexec
 from torchmem.transport.client import AttachError
-from torchmem.transport.discovery import AgentEntry, runtime_dir
+from torchmem.transport.discovery import AgentEntry, host_name, runtime_dir
 from torchmem.transport.protocol import PROTOCOL_VERSION
 
 #: What runs torchmem on a host when the user names nothing: the entry point, then the
@@ -66,7 +66,7 @@ class SshHost:
     @property
     def name(self) -> str:
         """The host without its user, for labels: ``node1``."""
-        return self.target.rpartition("@")[2]
+        return host_name(self.target)
 
 
 def check_target(target: str) -> None:
@@ -286,15 +286,6 @@ class Tunnel:
             replace(entry, address=str(path), host=self.host.target)
             for entry, path in zip(entries, local, strict=True)
         ]
-
-    @property
-    def alive(self) -> bool:
-        """True while the ssh process runs."""
-        return self.proc is not None and self.proc.poll() is None
-
-    def why_dead(self) -> str:
-        """What ssh said before it ended (for a lost connection)."""
-        return explain_ssh_failure(self.host.target, self._read_stderr())
 
     def _read_stderr(self) -> str:
         if self._stderr is None:
