@@ -26,12 +26,16 @@ _served: Agent | None = None
 _served_lock = threading.Lock()
 
 
-def serve(hz: float = 10.0, listen: str | None = None, label: str = "") -> AgentEntry:
+def serve(
+    hz: float = 10.0, listen: str | None = None, label: str = "", max_steps: int | None = None
+) -> AgentEntry:
     """Let torchmem viewers attach to this process (``torchmem.serve()``, one line).
 
     Samples in a daemon thread, counts steps of the calling thread, and publishes an
     entry that ``torchmem ps`` and the window's Attach dialog list. Calling it again
-    returns the same entry. Nothing waits for a viewer.
+    returns the same entry. Nothing waits for a viewer. With ``max_steps`` (each rank of
+    ``torchmem run --max-steps N -- COMMAND``, a tuning trial of a torchrun job), the
+    process exits with code 0 at the end of its N-th step.
     """
     global _served
     with _served_lock:
@@ -47,7 +51,7 @@ def serve(hz: float = 10.0, listen: str | None = None, label: str = "") -> Agent
         source = InProcessSource(Session(), hz=hz)
         main = sys.modules.get("__main__")
         script = getattr(main, "__file__", None)
-        source.watch_thread(threading.get_ident(), script)
+        source.watch_thread(threading.get_ident(), script, step_limit=max_steps)
         session = source.session
         session.submit(
             RunStarted(session.now(), script or sys.executable, tuple(sys.argv[1:]), "served")
@@ -55,12 +59,13 @@ def serve(hz: float = 10.0, listen: str | None = None, label: str = "") -> Agent
         agent = Agent(source, listen=listen, label=label)
         entry = agent.start()
         _served = agent
-        _report_exit(agent)
+        _report_exit(agent, max_steps)
         return entry
 
 
-def _report_exit(agent: Agent) -> None:
-    """Tell viewers how a served process ends: an uncaught exception, or a normal exit."""
+def _report_exit(agent: Agent, max_steps: int | None = None) -> None:
+    """Tell viewers how a served process ends: an uncaught exception, or a normal exit
+    (after ``max_steps`` steps, when it was the step limit that ended it)."""
     session = agent.session
     started = time.monotonic()
     previous_hook = sys.excepthook
@@ -86,10 +91,13 @@ def _report_exit(agent: Agent) -> None:
                     session.now(),
                     RunStatus.FINISHED,
                     0,
-                    "the process exited",
+                    limited
+                    if max_steps and session.steps.steps >= max_steps
+                    else "the process exited",
                     duration_s=time.monotonic() - started,
                 )
             )
 
+    limited = f"stopped after {max_steps} steps (--max-steps)"
     sys.excepthook = excepthook
     atexit.register(at_exit)  # after the agent's own: runs before it closes

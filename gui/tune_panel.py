@@ -46,7 +46,13 @@ from torchmem.tuning.budget import budget_bytes, default_budget, headroom_bytes
 from torchmem.tuning.function import function_plan, function_spec, plan_function
 from torchmem.tuning.model import Fit
 from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
-from torchmem.tuning.trial import TrialPlan, run_trial, substitute, without_option
+from torchmem.tuning.trial import (
+    TrialPlan,
+    run_trial,
+    substitute,
+    torchrun_command,
+    without_option,
+)
 from torchmem.units import UNITS, auto_unit, format_bytes
 
 from .job_panel import JobPanel, JobWorker
@@ -105,6 +111,9 @@ class TunePanel(JobPanel):
         self.fit: Fit | None = None
         self.result: TuneResult | None = None
         self.plan: TrialPlan | None = None
+        #: The user's script and its arguments in the last search (for a job, without the
+        #: torchrun launcher); (None, ()) for a step function.
+        self._script: tuple[str | None, tuple[str, ...]] = (None, ())
         self.limit = 0
         self._build_form()
         self._build_plot()
@@ -170,6 +179,14 @@ class TunePanel(JobPanel):
         self.steps_spin.setRange(1, 1000)
         self.steps_spin.setValue(3)
         self.steps_spin.setToolTip("Training steps measured per trial, after one warm-up step")
+        self.ranks_spin = QSpinBox()
+        self.ranks_spin.setRange(1, 256)
+        self.ranks_spin.setSpecialValueText("1 (the script alone)")
+        self.ranks_spin.setToolTip(
+            "Run each trial as a torchrun job of this many processes on this machine "
+            "(DistributedDataParallel): the batch size is per rank, and every rank must "
+            "fit (on cpu, all of them together in the budget; on CUDA, each rank's device)"
+        )
         self.start_button = QPushButton("Start")
         self.start_button.setToolTip("Start the search (Ctrl+Return)")
         self.start_button.setShortcut("Ctrl+Return")
@@ -287,6 +304,7 @@ class TunePanel(JobPanel):
         form.addRow("Headroom:", self.headroom_edit)
         form.addRow("Rounding:", self.rounding_combo)
         form.addRow("Steps per trial:", self.steps_spin)
+        form.addRow("Processes:", self.ranks_spin)
         buttons = QHBoxLayout()
         buttons.addWidget(self.start_button)
         buttons.addWidget(self.cancel_button)
@@ -368,11 +386,23 @@ class TunePanel(JobPanel):
             raise TuneError("give a memory budget, e.g. 8GiB")
         budget = budget_bytes(text, device)
         room = headroom_bytes(self.headroom_edit.text().strip() or None, budget, device)
+        ranks = self.ranks_spin.value()
+        steps = self.steps_spin.value()
         if function is not None:
-            plan = function_plan(*function, self.steps_spin.value(), device, budget)
+            if ranks > 1:
+                raise TuneError(
+                    "a step function is tuned in one process: set Processes to 1, or tune "
+                    "the training script as a torchrun job"
+                )
+            plan = function_plan(*function, steps, device, budget)
+        elif ranks > 1:
+            launch = torchrun_command(ranks, script, args)
+            plan = TrialPlan(launch[0], tuple(launch[1:]), option, steps, device, budget, job=True)
         else:
-            plan = TrialPlan(script, args, option, self.steps_spin.value(), device, budget)
-        return replace(plan, record_dir=self.record_dir), budget - room, room
+            plan = TrialPlan(script, args, option, steps, device, budget)
+        self._script = (None, ()) if function is not None else (script, args)
+        record = None if plan.job else self.record_dir  # a job's trials are not recorded
+        return replace(plan, record_dir=record), budget - room, room
 
     # -- the search -----------------------------------------------------------------------------
     @Slot()
@@ -391,8 +421,11 @@ class TunePanel(JobPanel):
         self.progress.setRange(0, EXPECTED_TRIALS)
         self.progress.setValue(0)
         self.progress.setFormat("trial 1 of about %m")
+        what = self._function() or Path(self._script[0] or "").name
+        if self.plan.job:
+            what += f" (torchrun, {self.ranks_spin.value()} processes: the batch is per rank)"
         self.say(
-            f"Trials of {self._function() or Path(self.plan.script).name} must stay under "
+            f"Trials of {what} must stay under "
             f"{format_bytes(self.limit)} (budget {format_bytes(self.plan.budget_bytes)} − "
             f"headroom {format_bytes(room)}). Each trial is a separate process."
         )
@@ -579,15 +612,15 @@ class TunePanel(JobPanel):
         for widget in (
             self.script_edit, self.browse_button, self.args_edit, self.batch_edit,
             self.min_spin, self.max_spin, self.device_combo, self.budget_edit,
-            self.headroom_edit, self.rounding_combo, self.steps_spin,
+            self.headroom_edit, self.rounding_combo, self.steps_spin, self.ranks_spin,
         ):  # fmt: skip
             widget.setEnabled(not running)
 
     # -- results --------------------------------------------------------------------------------
     def recommended_args(self) -> list[str]:
-        """The script's arguments with the recommended batch size."""
+        """The script's arguments with the recommended batch size (per rank, for a job)."""
         assert self.result is not None and self.plan is not None
-        return substitute(self.plan.args, self.plan.batch_arg, self.result.recommended)
+        return substitute(self._script[1], self.plan.batch_arg, self.result.recommended)
 
     def _function(self) -> str | None:
         """The step function the last search tuned (``module:function``), or None."""
@@ -596,7 +629,7 @@ class TunePanel(JobPanel):
     @Slot()
     def _use(self) -> None:
         if self.result is not None and self.plan is not None:
-            self.use_batch_size.emit(self.plan.script, self.recommended_args())
+            self.use_batch_size.emit(self._script[0], self.recommended_args())
 
     @Slot()
     def _copy(self) -> None:
@@ -605,7 +638,7 @@ class TunePanel(JobPanel):
             if function:
                 text = f"{function.partition(':')[2]}({self.result.recommended})"
             else:
-                text = shlex.join(["python", self.plan.script, *self.recommended_args()])
+                text = shlex.join(self.plan.command_line(self.result.recommended))
             QGuiApplication.clipboard().setText(text)
             self.say(f"Copied: {text}")
 

@@ -150,3 +150,22 @@ def test_serve_inside_a_plain_torchrun_script_registers_each_rank(runtime_dir):
         assert all(e.pid != proc.pid for e in ranks), "the launcher itself has no agent"
     finally:
         stop_job(proc)
+
+
+def test_max_steps_ends_every_rank_of_an_endless_job_cleanly(runtime_dir, tmp_path):
+    out = tmp_path / "job.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchmem", "run", "--max-steps", "3", "--summary", str(out),
+         "--", sys.executable, *TORCHRUN, str(SCRIPTS / "ddp_train.py"), "--sleep", "0.02"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr  # ddp_train.py alone would never end
+    data = check_summary(json.loads(out.read_text()))
+    assert data["max_steps"] == 3 and data["steps"] == 3
+    assert [(r["rank"], r["run_status"], r["steps"]) for r in data["ranks"]] == [
+        (0, "finished", 3),
+        (1, "finished", 3),
+    ]
+    assert all(r["message"] == "stopped after 3 steps (--max-steps)" for r in data["ranks"])
+    assert data["step_time_s"] == max(r["step_time_s"] for r in data["ranks"]) > 0
+    assert "finished 3 steps" not in proc.stdout  # stopped at the step, not at the loop's end

@@ -163,3 +163,30 @@ def test_on_an_accelerator_allocated_is_drawn_beside_reserved(qtbot, panel):
     assert all(a["y"] < r["y"] for a, r in zip(panel.alloc_points.data, panel.ok_points.data,
                                                 strict=True))  # fmt: skip
     assert len(panel.alloc_curve.getData()[0]) > 10  # its own model, dotted
+
+
+def test_a_torchrun_job_is_tuned_per_rank_from_the_panel(qtbot, panel):
+    ddp = str(SCRIPTS / "ddp_train.py")
+    fill(panel, script=ddp, budget="3 GiB", args="--sleep 0 --mib-per-sample 2")
+    panel.ranks_spin.setValue(2)
+    panel.max_spin.setValue(2)  # two sizes: the path end to end, not the search again
+    assert panel.start(), panel.status.text()
+    assert "torchrun, 2 processes" in panel.status.text()
+    qtbot.waitUntil(lambda: not panel.running, timeout=SEARCH_TIMEOUT_MS)
+    result = panel.result
+    assert result is not None, panel.status.text()
+    assert result.recommended == 2 and all(t.ranks == 2 and t.ok for t in result.trials)
+    # The batch is per rank: "Use this batch size" fills the user's script, not torchrun.
+    with qtbot.waitSignal(panel.use_batch_size) as used:
+        panel.use_button.click()
+    assert used.args == [ddp, ["--sleep", "0", "--mib-per-sample", "2", "--batch-size", "2"]]
+    panel.copy_button.click()
+    from PySide6.QtGui import QGuiApplication
+
+    copied = QGuiApplication.clipboard().text()
+    assert "torch.distributed.run --nproc_per_node=2" in copied
+    assert copied.endswith("ddp_train.py --sleep 0 --mib-per-sample 2 --batch-size 2")
+    # A step function runs in one process: asking for two says so.
+    fill(panel, script=f"{SCRIPTS / 'step_functions.py'}:linear_step")
+    assert not panel.start()
+    assert "tuned in one process" in panel.status.text()

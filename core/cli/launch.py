@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from torchmem.cli.summary import build_summary, rank_row, write_summary
 from torchmem.resources import path as resource_path
@@ -35,11 +36,15 @@ def hook_dir() -> Path:
     return resource_path("autoserve")
 
 
-def command_env(hz: float) -> dict[str, str]:
-    """The command's environment: the hook on PYTHONPATH, and where agents register."""
+def command_env(hz: float, max_steps: int | None = None) -> dict[str, str]:
+    """The command's environment: the hook on PYTHONPATH, where agents register, and the
+    step limit of each torch process (``--max-steps``)."""
     env = dict(os.environ)
     env["TORCHMEM_AUTOSERVE"] = "1"
     env["TORCHMEM_HZ"] = f"{hz:g}"
+    env.pop("TORCHMEM_MAX_STEPS", None)
+    if max_steps:
+        env["TORCHMEM_MAX_STEPS"] = str(max_steps)
     env["TORCHMEM_RUNTIME_DIR"] = str(runtime_dir())
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(hook_dir()), env.get("PYTHONPATH", "")) if p
@@ -91,13 +96,18 @@ def run_command(
     summary_path: str | None = None,
     hz: float = 10.0,
     quiet: bool = False,
+    max_steps: int | None = None,
 ) -> int:
-    """Run ``command`` with agents in its torch processes; return its exit code."""
+    """Run ``command`` with agents in its torch processes; return its exit code.
+
+    With ``max_steps``, each torch process of the command exits (code 0) at the end of
+    that step: a few steps of every rank of a job (a tuning trial of ``torchmem tune --
+    torchrun ...``)."""
     session = Session()
     follower = _RankFollower(session)
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(command, env=command_env(hz))
+        proc = subprocess.Popen(command, env=command_env(hz, max_steps))
     except FileNotFoundError:
         sys.stderr.write(f"torchmem: command not found: {command[0]}\n")
         return 127
@@ -118,14 +128,19 @@ def run_command(
             proc.send_signal(signal.SIGINT)
     follower.stop()
     ranks = sorted(follower.remotes.values(), key=lambda r: (r.entry.rank or 0, r.pid))
+    rows = [rank_row(r) for r in ranks]
     data = build_summary(
         "job",
         session,
         command=command,
         exit_code=code,
         duration_s=round(time.monotonic() - started, 3),
-        ranks=[rank_row(r) for r in ranks],
+        ranks=rows,
+        peak_reserved_bytes=session.peaks_of("reserved"),
+        **job_outcome(rows),
     )
+    if max_steps:
+        data["max_steps"] = max_steps
     if not quiet or code != 0:
         peaks = ", ".join(f"{k} {format_bytes(v)}" for k, v in data["peak_bytes"].items())
         sys.stderr.write(
@@ -136,3 +151,24 @@ def run_command(
     if summary_path and not write_summary(summary_path, data):
         return code or 1
     return code
+
+
+def job_outcome(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the ranks' rows say of the job: the steps every rank made (the fewest), the
+    slowest rank's step time (it paces the others), and, when a rank failed, its status
+    and message (the first failure by rank: an out-of-memory error in one rank ends the
+    job as out of memory)."""
+    if not rows:
+        return {}
+    times = [r["step_time_s"] for r in rows if r.get("step_time_s") is not None]
+    out: dict[str, Any] = {
+        "steps": min(r["steps"] for r in rows),
+        "step_time_s": max(times) if len(times) == len(rows) else None,
+    }
+    failed = [r for r in rows if r.get("run_status") not in (None, "finished")]
+    if failed:
+        first = failed[0]
+        who = f"rank {first['rank']}" if first.get("rank") is not None else f"pid {first['pid']}"
+        out["status"] = first["run_status"]
+        out["message"] = f"{who}: {first.get('message') or first['run_status']}"
+    return out

@@ -47,7 +47,17 @@ def _tune(argv: list[str]) -> int:
         if arg == "--batch-arg":
             argv[i : i + 2] = [f"--batch-arg={argv[i + 1]}"]
             break
+    command: list[str] = []
+    if "--" in argv:  # `torchmem tune [OPTIONS] -- torchrun ... train.py`: a job per trial
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
+        if not command:
+            tune_parser().error("give a command after --, e.g. -- torchrun train.py")
     opts = tune_parser().parse_args(argv)
+    if command and opts.script:
+        tune_parser().error(f"give either a script ({opts.script}) or a command after --, not both")
+    if not command and not opts.script:
+        tune_parser().error("give the training script to tune (or -- COMMAND for a job)")
     if opts.min > opts.max:
         tune_parser().error(f"--min {opts.min} is above --max {opts.max}")
     device = opts.device.strip().lower()
@@ -57,9 +67,12 @@ def _tune(argv: list[str]) -> int:
         tune_parser().error(f"--device must be cpu or cuda:N, not {opts.device!r}")
     from torchmem.cli.tune import tune_headless
 
+    if command and opts.record_trials:
+        tune_parser().error("--record-trials records a script's trials, not a command's")
     return tune_headless(
-        opts.script,
-        opts.args,
+        command[0] if command else opts.script,
+        command[1:] if command else opts.args,
+        job=bool(command),
         batch_arg=opts.batch_arg,
         minimum=opts.min,
         maximum=opts.max,
@@ -184,7 +197,7 @@ def _main(argv: list[str]) -> int:
             command_parser().error("give a command after --, e.g. -- torchrun train.py")
         from torchmem.cli.launch import run_command
 
-        return run_command(command, opts.summary, opts.hz, opts.quiet)
+        return run_command(command, opts.summary, opts.hz, opts.quiet, opts.max_steps)
     if argv[:1] == ["run"]:
         opts = run_parser().parse_args(argv[1:])
         from torchmem.cli.run import run_headless

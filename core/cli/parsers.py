@@ -214,7 +214,9 @@ def tune_parser() -> argparse.ArgumentParser:
         "of SCRIPT, each in a fresh process, a fitted memory model, and a verified "
         "recommendation. No trial's out-of-memory error ever reaches this process.",
         epilog="Example: torchmem tune --batch-arg --batch-size --budget 6GiB train.py "
-        "--epochs 1   (torchmem's options before the script, the script's after it)",
+        "--epochs 1   (torchmem's options before the script, the script's after it). "
+        "A distributed job: torchmem tune [OPTIONS] -- torchrun --nproc_per_node=2 train.py "
+        "tunes the per-rank batch so that every rank fits (on cpu, all of them together).",
     )
     p.add_argument(
         "--batch-arg",
@@ -264,7 +266,9 @@ def tune_parser() -> argparse.ArgumentParser:
     )
     add_outputs(p, "the search and its trials", quiet="no progress or closing lines")
     p.add_argument("--cwd", help="working directory for the script (default: unchanged)")
-    p.add_argument("script", help="the training script to tune")
+    p.add_argument(
+        "script", nargs="?", help="the training script to tune (or, after --, a command)"
+    )
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
 
@@ -350,6 +354,12 @@ def command_parser() -> argparse.ArgumentParser:
     )
     add_outputs(p, "the job (every rank)")
     p.add_argument("--hz", type=rate, default=10.0, help="sampling rate of the agents")
+    p.add_argument(
+        "--max-steps",
+        type=positive_int,
+        metavar="N",
+        help="each torch process exits cleanly (code 0) at the end of its N-th step",
+    )
     return p
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from torchmem import __version__
 from torchmem.session import Session
 from torchmem.sources.vanished import oom_killer_hint
+from torchmem.timeseries import StepClock
 
 #: Bumped when a key changes meaning or goes; new keys do not bump it.
 SCHEMA_VERSION = 1
@@ -44,6 +45,7 @@ def rank_row(remote: Any) -> dict[str, Any]:
     else:
         status = "running"
     entry = remote.entry
+    finished = remote.finished
     return {
         "pid": remote.pid,
         "rank": entry.rank,
@@ -51,6 +53,11 @@ def rank_row(remote: Any) -> dict[str, Any]:
         "status": status,
         "ended": status != "running",
         "host": entry.host or None,
+        "run_status": finished.status.value if finished is not None else None,
+        "exit_code": finished.exit_code if finished is not None else None,
+        "message": finished.message if finished is not None else None,
+        "steps": remote.steps.steps,
+        "step_time_s": clock_step_time(remote.steps),
     }
 
 
@@ -94,7 +101,12 @@ def write_summary(path: str, data: dict[str, Any]) -> bool:
 def step_time(session: Session) -> float | None:
     """The median time of a step after the first (which warms caches and the allocator
     up), or None with fewer than two steps after it."""
-    times, steps = session.steps.boundaries()
+    return clock_step_time(session.steps)
+
+
+def clock_step_time(clock: StepClock) -> float | None:
+    """:func:`step_time` of one step clock (a rank's own, in a job)."""
+    times, steps = clock.boundaries()
     if len(times) <= 2:
         return None
     # Per step, not per boundary: the step clock (and a recording) may keep only some

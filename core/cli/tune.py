@@ -9,6 +9,8 @@ all of it as JSON.
 
 from __future__ import annotations
 
+import shlex
+import shutil
 import sys
 import threading
 import time
@@ -22,7 +24,7 @@ from torchmem.tuning.budget import budget_bytes, headroom_bytes
 from torchmem.tuning.function import function_plan, function_spec, plan_function
 from torchmem.tuning.model import Fit
 from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
-from torchmem.tuning.trial import TrialPlan, run_trial, substitute
+from torchmem.tuning.trial import TrialPlan, run_trial
 from torchmem.units import format_bytes
 
 #: Exit codes: a recommendation (0), none possible (1), bad options or script (2),
@@ -47,13 +49,20 @@ def tune_headless(
     cwd: str | None = None,
     quiet: bool = False,
     record_trials: bool = False,
+    job: bool = False,
 ) -> int:
     """Run the search from the command line; the exit code says whether a size fits.
-    With ``record_trials``, each trial is a recorded session of the sessions folder."""
+    With ``record_trials``, each trial is a recorded session of the sessions folder.
+    With ``job``, ``script`` and ``args`` are a command (``torchrun ... train.py``):
+    each trial runs it, and the per-rank batch must fit every rank."""
     say = (lambda text: None) if quiet else (lambda text: sys.stderr.write(text + "\n"))
     try:
-        function = function_spec(script)
-        if function is None:
+        function = None if job else function_spec(script)
+        if job:
+            if shutil.which(script) is None:
+                raise ValueError(f"no such command: {script} (not a file, nor on PATH)")
+            path = script
+        elif function is None:
             path = str(validate_script(script))
         if not batch_arg.startswith("-"):
             batch_arg = "--" + batch_arg
@@ -66,14 +75,20 @@ def tune_headless(
         plan = function_plan(*function, steps, device, total, cwd)
         batch_arg = plan.batch_arg
     else:
-        plan = TrialPlan(path, tuple(args), batch_arg, steps, device, total, cwd)
+        plan = TrialPlan(path, tuple(args), batch_arg, steps, device, total, cwd, job=job)
     plan = replace(plan, record_dir=str(sessions_dir()) if record_trials else None)
     limit = total - room
+    what = " ".join([script, *args]) if job else script
     say(
-        f"torchmem: tuning {script if function else f'{batch_arg} of {script}'} in "
+        f"torchmem: tuning {what if function else f'{batch_arg} of {what}'} in "
         f"{minimum}..{maximum} on {device}: "
         f"budget {format_bytes(total)}, headroom {format_bytes(room)}, "
         f"so at most {format_bytes(limit)} per trial ({steps} measured steps each)"
+        + (
+            ("; every rank on this machine together" if device == "cpu" else "; per rank")
+            if job
+            else ""
+        )
     )
     cancel = threading.Event()
     started = time.monotonic()
@@ -130,8 +145,7 @@ def _report(result: TuneResult, plan: TrialPlan) -> str:
     if function:
         lines.append(f"torchmem: call it: {function.partition(':')[2]}({result.recommended})")
     else:
-        args = substitute(plan.args, plan.batch_arg, result.recommended)
-        lines.append(f"torchmem: run it: python {' '.join([plan.script, *args])}")
+        lines.append(f"torchmem: run it: {shlex.join(plan.command_line(result.recommended))}")
     return "\n".join(lines)
 
 
@@ -158,6 +172,7 @@ def tune_summary(
         script=None if function else plan.script,
         function=function,
         argv=[] if function else list(args),
+        **({"command": [plan.script, *args]} if plan.job else {}),
         batch_arg=plan.batch_arg,
         device=plan.device,
         budget_bytes=plan.budget_bytes,

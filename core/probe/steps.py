@@ -39,6 +39,12 @@ class ScriptStopped(BaseException):
     in user code does not swallow it."""
 
 
+class StepLimitReached(SystemExit):
+    """Ends a served process with exit code 0 after its last allowed step
+    (``torchmem run --max-steps N -- COMMAND``): a SystemExit, so the interpreter exits
+    as if the script had returned, running its ``finally`` blocks and exit handlers."""
+
+
 class StepTracker:
     """Installs global hooks for one run and turns them into step and user markers."""
 
@@ -52,6 +58,8 @@ class StepTracker:
         self._orig_backward: Callable[..., Any] | None = None
         self._stop_requested = threading.Event()
         self._target_thread: int | None = None
+        #: Exit (:class:`StepLimitReached`) once this many steps are made; None: never.
+        self.limit: int | None = None
 
     # -- install / uninstall -------------------------------------------------------------
     def install(self, thread_ident: int | None = None) -> None:
@@ -96,6 +104,12 @@ class StepTracker:
     def _step(self) -> None:
         self.steps += 1
         self.emit(Marker(self.now(), MarkerKind.STEP, f"step {self.steps}", self.steps))
+        if (
+            self.limit is not None
+            and self.steps >= self.limit
+            and threading.get_ident() == self._target_thread
+        ):
+            raise StepLimitReached(0)
         self.check_stop()
 
     def end_step(self) -> None:

@@ -143,13 +143,20 @@ class InProcessSource:
             if _active is self:
                 _active = None
 
-    def watch_thread(self, thread_ident: int | None = None, script: str | None = None) -> None:
+    def watch_thread(
+        self,
+        thread_ident: int | None = None,
+        script: str | None = None,
+        step_limit: int | None = None,
+    ) -> None:
         """Monitor code already running in this process, in ``thread_ident`` (the caller's
-        by default): step hooks, boundary readings, censuses and stop, as for a run."""
+        by default): step hooks, boundary readings, censuses and stop, as for a run. With
+        ``step_limit``, the thread exits (SystemExit 0) at the end of that step."""
         if self._runner is not None:
             raise RuntimeError("this source already monitors a run")
         ident = thread_ident if thread_ident is not None else threading.get_ident()
         tracker = StepTracker(self.emit, self.session.now)
+        tracker.limit = step_limit
         tracker.install(ident)
         self._runner = WatchedThread(tracker, ident, script)
         self.census_schedule.reset()

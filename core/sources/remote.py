@@ -35,6 +35,7 @@ from torchmem.series import scope_label
 from torchmem.session import Session
 from torchmem.sources.vanished import oom_killer_hint
 from torchmem.tensors.model import Census, StorageInfo
+from torchmem.timeseries import StepClock
 from torchmem.transport.client import AgentClient, AttachError
 from torchmem.transport.discovery import AgentEntry, boot_id
 from torchmem.transport.protocol import ProtocolError
@@ -66,6 +67,10 @@ class RemoteSource:
         self.bad_frames = 0
         self._client = AgentClient(entry, self._on_events, self._on_closed)
         self._run_finished = False
+        #: How the agent said its run ended (None until it did).
+        self.finished: RunFinished | None = None
+        #: This process's own step boundaries (a job's Session holds every rank's).
+        self.steps = StepClock(capacity=1024)
 
     @property
     def run_finished_seen(self) -> bool:
@@ -193,8 +198,11 @@ class RemoteSource:
             except ProtocolError:
                 self.bad_frames += 1
                 continue
+            if isinstance(event, Marker) and event.kind is MarkerKind.STEP:
+                self.steps.add(event.t, event.step)
             if isinstance(event, RunFinished):
                 self._run_finished = True
+                self.finished = event
                 if self.prefix:  # one rank ended, not the job: a line and a marker
                     text = f"{self.label}: {event.status.value}: {event.message}"
                     self.session.submit(LogRecord(event.t, Stream.TORCHMEM, text))

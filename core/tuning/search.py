@@ -58,6 +58,8 @@ class Trial:
     #: Module forwards with grad disabled during the trial (an evaluation pass); None
     #: where it was not counted.
     eval_forwards: int | None = None
+    #: The processes of a job trial (its ranks); None for a script or a function.
+    ranks: int | None = None
 
     def fits(self, limit: float) -> bool:
         """True when the trial ran its steps and stayed at or under ``limit``."""
@@ -100,6 +102,7 @@ class Trial:
             "duration_s": round(self.duration_s, 3),
             "message": self.message,
             "eval_forwards": self.eval_forwards,
+            "ranks": self.ranks,
         }
 
 

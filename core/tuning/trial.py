@@ -51,11 +51,30 @@ class TrialPlan:
     timeout_s: float = 900.0
     #: Where each trial is recorded as a session of its own (None: not recorded).
     record_dir: str | None = None
+    #: ``script`` and ``args`` are a command line, not a Python script (``torchmem tune --
+    #: torchrun ...``): a trial runs it under ``torchmem run --max-steps -- COMMAND``, and
+    #: every torch process it starts (each rank) must fit.
+    job: bool = False
 
     @property
     def on_cpu(self) -> bool:
         """True when the budget is on host memory (peak RSS)."""
         return self.device == "cpu"
+
+    def command_line(self, batch: int) -> list[str]:
+        """What the user would run at ``batch``: ``python train.py ...``, or the job's
+        command."""
+        args = substitute(self.args, self.batch_arg, batch)
+        return [self.script, *args] if self.job else ["python", self.script, *args]
+
+
+def torchrun_command(processes: int, script: str, args: Sequence[str]) -> list[str]:
+    """``script`` as a torchrun job of ``processes`` ranks on this machine (the launcher as
+    a module of this Python, so that no ``torchrun`` on PATH is needed)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
+        "--standalone", script, *args,
+    ]  # fmt: skip
 
 
 def substitute(args: Sequence[str], option: str, value: int) -> list[str]:
@@ -98,15 +117,18 @@ def without_option(args: Sequence[str], option: str) -> list[str]:
 
 def trial_command(plan: TrialPlan, batch: int, summary: str) -> list[str]:
     """The command line of one trial (shown to the user as what was run)."""
+    head = [
+        sys.executable, "-m", "torchmem", "run", "--quiet", "--summary", summary,
+        "--max-steps", str(plan.steps + 1), "--hz", "20",
+    ]  # fmt: skip
+    args = substitute(plan.args, plan.batch_arg, batch)
+    if plan.job:  # every rank stops at its step limit; a job is not recorded
+        return [*head, "--", plan.script, *args]
     record = []
     if plan.record_dir:
         path = new_session_path(f"{Path(plan.script).stem}-batch{batch}", Path(plan.record_dir))
         record = ["--record", str(path)]
-    return [
-        sys.executable, "-m", "torchmem", "run", "--quiet", "--summary", summary,
-        "--max-steps", str(plan.steps + 1), "--hz", "20", *record,
-        plan.script, *substitute(plan.args, plan.batch_arg, batch),
-    ]  # fmt: skip
+    return [*head, *record, plan.script, *args]
 
 
 def run_trial(plan: TrialPlan, batch: int, cancel: threading.Event | None = None) -> Trial:
@@ -152,8 +174,9 @@ def _wait(
         execed = execed or marker in watched.cmdline()
         return execed
 
+    memory = JobMemory(proc.pid) if plan.job else None
     try:
-        code, seen, over = watch_child(proc.pid, plan, cancel, started, counting)
+        code, seen, over = watch_child(proc.pid, plan, cancel, started, counting, memory)
     except BaseException:
         # watch_child ended and reaped it: tell Popen, which would otherwise think it runs.
         proc.returncode = -signal.SIGKILL
@@ -162,17 +185,67 @@ def _wait(
     return code, seen, over
 
 
+class JobMemory:
+    """The host memory of a job trial: every process under the trial's ``torchmem run``
+    (the launcher and each rank; not the monitor itself), read from /proc.
+
+    All ranks of a job share this machine's RAM, so the budget is on their sum. The peak
+    is the sum of each process's own peak RSS as the kernel counts it (``VmHWM``, kept
+    after the process is gone): what the machine must hold when the ranks peak together,
+    as DDP's lockstep makes them."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.peaks: dict[int, int] = {}
+
+    def poll(self) -> int:
+        """The processes' RSS now (their sum); updates :attr:`peak`."""
+        now = 0
+        try:
+            children = psutil.Process(self.root).children(recursive=True)
+        except psutil.Error:
+            return 0
+        for child in children:
+            rss, hwm = _rss_and_peak(child.pid)
+            now += rss
+            if hwm:
+                self.peaks[child.pid] = max(self.peaks.get(child.pid, 0), hwm)
+        return now
+
+    @property
+    def peak(self) -> int:
+        """The sum of every process's peak RSS seen so far."""
+        return sum(self.peaks.values())
+
+
+def _rss_and_peak(pid: int) -> tuple[int, int]:
+    """``VmRSS`` and ``VmHWM`` of ``pid`` in bytes (0, 0 when it is gone)."""
+    rss = hwm = 0
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith(b"VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss, hwm
+
+
 def watch_child(
     pid: int,
     plan: TrialPlan,
     cancel: threading.Event,
     started: float,
     counting: Callable[[], bool] = lambda: True,
+    job: JobMemory | None = None,
 ) -> tuple[int, int, int | None]:
     """Wait for the trial child ``pid`` (a process-group leader); its exit code, the
     highest RSS seen while polling (a floor of its peak, for a child killed before it
-    could report its own), and the RSS that crossed the budget (None if it stayed under).
-    The child is ended, never left behind, when this raises (cancel, timeout, Ctrl+C)."""
+    could report its own; for a ``job``, the sum of its processes' peaks), and the RSS
+    that crossed the budget (None if it stayed under). The child and everything it
+    started are ended, never left behind, when this raises (cancel, timeout, Ctrl+C)."""
     over: int | None = None
     seen = 0
     try:
@@ -191,23 +264,40 @@ def watch_child(
                     "check that the script stops after its steps (it must step an optimizer)"
                 )
             with contextlib.suppress(psutil.Error):
-                rss = watched.memory_info().rss if counting() else 0
-                seen = max(seen, rss)
+                if job is not None:
+                    rss = job.poll()
+                    seen = max(seen, job.peak)
+                else:
+                    rss = watched.memory_info().rss if counting() else 0
+                    seen = max(seen, rss)
                 if plan.on_cpu and plan.budget_bytes and over is None and rss > plan.budget_bytes:
                     over = rss  # as the OOM killer would: at once, no cleanup
-                    with contextlib.suppress(OSError):
-                        os.killpg(pid, signal.SIGKILL)
+                    kill_tree(pid, signal.SIGKILL)
             time.sleep(WATCH_PERIOD_S)
     except BaseException:
         end_child(pid)
         raise
 
 
+def kill_tree(pid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to ``pid``'s process group and to every process under it: torchrun
+    starts each rank in a session of its own, which the group signal misses."""
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        below = []
+    with contextlib.suppress(OSError):
+        os.killpg(pid, sig)
+    for child in below:
+        with contextlib.suppress(psutil.Error):
+            child.send_signal(sig)
+
+
 def end_child(pid: int) -> None:
-    """End the trial child ``pid`` and its process group: SIGTERM, SIGKILL 5 s later."""
+    """End the trial child ``pid`` and everything it started: SIGTERM (a launcher ends
+    its ranks), SIGKILL 5 s later."""
     for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(OSError):
-            os.killpg(pid, sig)
+        kill_tree(pid, sig)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             try:
@@ -244,14 +334,22 @@ def measured_trial(
 
     peaks = summary.get("peak_bytes") or {}
     steps = int(summary.get("steps") or 0)
+    ranks = len(summary.get("ranks") or []) if plan.job else None
     allocated = reserved = None
     if not plan.on_cpu:  # the fit is on reserved: what the device must actually hold
-        allocated = _int(peaks.get(plan.device))
-        reserved = _int((summary.get("peak_reserved_bytes") or {}).get(plan.device))
+        reserved_peaks = summary.get("peak_reserved_bytes") or {}
+        if plan.job:  # each rank on a device of its own: the fullest one must fit
+            allocated = worst_rank_peak(peaks, plan.device)
+            reserved = worst_rank_peak(reserved_peaks, plan.device)
+        else:
+            allocated = _int(peaks.get(plan.device))
+            reserved = _int(reserved_peaks.get(plan.device))
     own = _int(summary.get("peak_rss_bytes"))
-    peak = (own if own is not None else max_rss) if plan.on_cpu else reserved
+    peak = (own if own is not None else max_rss or None) if plan.on_cpu else reserved
     step_time = summary.get("step_time_s")
-    rate = batch / step_time if isinstance(step_time, (int, float)) and step_time > 0 else None
+    # A job's samples per second are its ranks' together: each rank takes a batch.
+    samples = batch * (ranks or 1)
+    rate = samples / step_time if isinstance(step_time, (int, float)) and step_time > 0 else None
     base = {
         "batch_size": batch,
         "peak_bytes": peak,
@@ -261,6 +359,7 @@ def measured_trial(
         "steps": steps,
         "duration_s": duration,
         "eval_forwards": _int(summary.get("eval_forwards")),
+        "ranks": ranks,
     }
     if over_budget is not None:
         message = (
@@ -274,6 +373,14 @@ def measured_trial(
         return Trial(**base, ok=False, oom=True, message=str(summary.get("message", "")))
     if code != 0:
         return Trial(**base, ok=False, oom=False, message=_failure(plan, code, summary, stderr))
+    if plan.job and not ranks:
+        return Trial(
+            **base,
+            ok=False,
+            oom=False,
+            message="the command started no process that imports torch: give the "
+            "command that trains (torchrun ... train.py, python train.py)",
+        )
     if not plan.on_cpu and reserved is None:
         return Trial(
             **base,
@@ -292,6 +399,21 @@ def measured_trial(
         )
     note = "" if steps > plan.steps else f"only {steps} step(s) ran: the script ended first"
     return Trial(**base, ok=True, oom=False, message=note)
+
+
+def worst_rank_peak(peaks: dict[str, Any], device: str) -> int | None:
+    """The highest of a job's per-rank peaks (``rank1/cuda:1``) on devices of
+    ``device``'s type: each rank of a job has its own device (``cuda:LOCAL_RANK``),
+    and the search must fit the fullest one."""
+    kind = device.partition(":")[0]
+    values = [
+        int(v)
+        for key, v in peaks.items()
+        if key.startswith("rank")
+        and key.rpartition("/")[2].partition(":")[0] == kind
+        and isinstance(v, (int, float))
+    ]
+    return max(values) if values else None
 
 
 def _failure(plan: TrialPlan, code: int, summary: dict[str, Any], stderr: str) -> str:

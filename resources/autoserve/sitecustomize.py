@@ -5,6 +5,8 @@ PYTHONPATH and sets TORCHMEM_AUTOSERVE=1, so every Python process the command st
 runs this file at startup. It only watches for ``import torch``: a process that never
 imports torch is left alone, and one that does gets ``torchmem.serve()`` right after
 torch has loaded (the torchrun launcher itself is skipped: its workers are the ranks).
+With TORCHMEM_MAX_STEPS=N (``torchmem run --max-steps N -- COMMAND``), each such process
+exits with code 0 at the end of its N-th step.
 A sitecustomize of the user's further down the path still runs.
 """
 
@@ -24,10 +26,11 @@ def _is_launcher() -> bool:
 
 def _serve() -> None:
     try:
-        import torchmem
+        from torchmem.serve import serve
 
         hz = float(os.environ.get("TORCHMEM_HZ", "10"))
-        torchmem.serve(hz=hz)
+        steps = int(os.environ.get("TORCHMEM_MAX_STEPS") or 0) or None
+        serve(hz=hz, max_steps=steps)
     except Exception as exc:  # monitoring must never break the user's program
         sys.stderr.write(f"torchmem: could not start the agent in {os.getpid()}: {exc}\n")
 

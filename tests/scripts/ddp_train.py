@@ -1,4 +1,9 @@
-"""A two-rank DistributedDataParallel loop on CPU (gloo), for torchrun tests."""
+"""A two-rank DistributedDataParallel loop on CPU (gloo), for torchrun tests.
+
+With --mib-per-sample M, each step also holds M MiB of activations per sample of its
+--batch-size, so that a rank's memory is linear in its batch by construction (the
+tuning tests of a job).
+"""
 
 import argparse
 import os
@@ -11,6 +16,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=0, help="0: until stopped")
 parser.add_argument("--sleep", type=float, default=0.05)
 parser.add_argument("--serve", action="store_true", help="call torchmem.serve() itself")
+parser.add_argument("--batch-size", type=int, default=8)
+parser.add_argument("--mib-per-sample", type=int, default=0)
 opts = parser.parse_args()
 if opts.serve:
     import torchmem
@@ -26,10 +33,12 @@ print(f"rank {rank} of {dist.get_world_size()} in pid {os.getpid()}", flush=True
 step = 0
 while opts.steps == 0 or step < opts.steps:
     step += 1
-    loss = model(torch.randn(8, 64)).pow(2).mean()
+    held = torch.ones(opts.batch_size * opts.mib_per_sample, 256 * 1024)  # activations
+    loss = model(torch.randn(opts.batch_size, 64)).pow(2).mean()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+    del held
     time.sleep(opts.sleep)
 dist.destroy_process_group()
 print(f"rank {rank} finished {step} steps", flush=True)

@@ -1,0 +1,116 @@
+"""``torchmem tune -- torchrun ...``: the per-rank batch of a distributed job, so that
+every rank fits; trials of real two-rank gloo jobs, and a job's summary judged as a trial."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import check_summary
+
+from torchmem.cli.launch import job_outcome
+from torchmem.tuning.trial import (
+    TrialPlan,
+    measured_trial,
+    run_trial,
+    torchrun_command,
+    worst_rank_peak,
+)
+
+SCRIPTS = Path(__file__).parent / "scripts"
+DDP = str(SCRIPTS / "ddp_train.py")
+MiB, GiB = 1 << 20, 1 << 30
+PER_SAMPLE = 4  # MiB each rank holds per sample of its batch (ddp_train --mib-per-sample)
+
+
+def leftover_ranks() -> list[psutil.Process]:
+    """Processes of ddp_train.py still alive (a trial must leave none)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if any(arg.endswith("ddp_train.py") for arg in cmdline):
+            found.append(proc)
+    return found
+
+
+@pytest.mark.slow
+def test_a_two_rank_job_gets_a_per_rank_batch_that_fits_every_rank(tmp_path):
+    out = tmp_path / "tune.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "torchmem", "tune", "--budget", "2GiB", "--summary", str(out),
+         "--", *torchrun_command(2, DDP, ["--sleep", "0", "--mib-per-sample", str(PER_SAMPLE)])],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = check_summary(json.loads(out.read_text()))
+    trials = data["trials"]
+    assert data["command"][:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert all(t["ranks"] == 2 and t["ok"] for t in trials), trials
+    assert data["ooms"] == 0 and len(trials) <= 6, [t["batch_size"] for t in trials]
+    # Both ranks share the machine's RAM: each sample of the per-rank batch costs twice
+    # what one rank holds for it.
+    assert data["fit"]["slope"] == pytest.approx(2 * PER_SAMPLE * MiB, rel=0.1)
+    # Everything but the batch, from the smallest trial; the largest batch under the limit.
+    first = trials[0]
+    base = first["peak_bytes"] - first["batch_size"] * 2 * PER_SAMPLE * MiB
+    true_max = (data["limit_bytes"] - base) // (2 * PER_SAMPLE * MiB)
+    assert 0.85 * true_max <= data["recommended"] <= true_max + 1, (data["recommended"], true_max)
+    verified = [t for t in trials if t["batch_size"] == data["recommended"]]
+    assert verified and verified[0]["peak_bytes"] <= data["limit_bytes"]
+    # The rate is the job's: both ranks' samples.
+    assert verified[0]["samples_per_s"] > 0
+    assert "every rank on this machine together" in r.stderr
+    last = r.stderr.splitlines()[-1]
+    assert "torch.distributed.run --nproc_per_node=2" in last
+    assert last.endswith(f"--batch-size {data['recommended']}")
+    assert not leftover_ranks()
+
+
+@pytest.mark.slow
+def test_a_job_trial_over_the_budget_is_stopped_with_every_rank():
+    launch = torchrun_command(2, DDP, ["--sleep", "0", "--mib-per-sample", "64", "--steps", "50"])
+    plan = TrialPlan(launch[0], tuple(launch[1:]), "--batch-size", budget_bytes=int(1.2 * GiB),
+                     job=True)  # fmt: skip
+    started = time.monotonic()
+    trial = run_trial(plan, 8)  # 2 ranks x 512 MiB of activations: over 1.2 GiB together
+    assert trial.oom and not trial.ok, trial
+    assert "crossed the budget" in trial.message
+    assert trial.peak_bytes > plan.budget_bytes
+    assert time.monotonic() - started < 60
+    assert not leftover_ranks(), "a rank of the stopped job is still running"
+
+
+def rank(n, run_status="finished", message="stopped after 4 steps (--max-steps)", step=0.1):
+    return {"pid": 100 + n, "rank": n, "world_size": 2, "status": "finished", "ended": True,
+            "host": None, "run_status": run_status, "exit_code": 0, "message": message,
+            "steps": 4, "step_time_s": step}  # fmt: skip
+
+
+def test_a_job_summary_takes_its_slowest_rank_and_its_first_failure():
+    assert job_outcome([rank(0, step=0.1), rank(1, step=0.3)]) == {"steps": 4, "step_time_s": 0.3}
+    failed = job_outcome([rank(0), rank(1, "out of memory", "CUDA out of memory. Tried ...")])
+    assert failed["status"] == "out of memory"
+    assert failed["message"] == "rank 1: CUDA out of memory. Tried ..."
+    assert job_outcome([]) == {}
+
+
+def test_a_rank_out_of_memory_is_an_oom_trial_and_the_fullest_rank_counts():
+    # Never run on a GPU here: the per-rank CUDA figures of a job summary as a stub.
+    plan = TrialPlan("torchrun", ("train.py",), "--batch-size", device="cuda:0",
+                     budget_bytes=80 * GiB, job=True)  # fmt: skip
+    peaks = {"rank0/cuda:0": 10 * GiB, "rank1/cuda:1": 12 * GiB, "total/cuda:0": 22 * GiB}
+    reserved = {"rank0/cuda:0": 11 * GiB, "rank1/cuda:1": 14 * GiB, "rank1/cpu": 1}
+    assert worst_rank_peak(reserved, "cuda:0") == 14 * GiB
+    summary = {"steps": 4, "peak_bytes": peaks, "peak_reserved_bytes": reserved,
+               "ranks": [rank(0), rank(1)], "step_time_s": 0.5}  # fmt: skip
+    trial = measured_trial(plan, 32, 0, 0, None, summary, "", 9.0)
+    assert trial.ok and trial.peak_bytes == 14 * GiB and trial.peak_allocated_bytes == 12 * GiB
+    assert trial.samples_per_s == pytest.approx(2 * 32 / 0.5)  # both ranks' samples
+    summary.update(job_outcome([rank(0), rank(1, "out of memory", "CUDA out of memory")]))
+    trial = measured_trial(plan, 64, 1, 0, None, summary, "", 9.0)
+    assert trial.oom and trial.message == "rank 1: CUDA out of memory"
