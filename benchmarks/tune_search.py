@@ -4,9 +4,10 @@ Each strategy searches the same synthetic training runs, whose peak memory is
 ``fixed + per_sample*b (+ quad*b²)`` with 1% noise and whose trials run out of memory
 above the budget, so the true largest size is known exactly. Rows: trials, out-of-memory
 trials, and the recommendation as a share of the true maximum (1.00 is perfect; above
-1.00 would OOM later). The peers are faithful reference implementations, written from
-their code and documentation (their own finders need a CUDA device to raise a real
-out-of-memory error):
+1.00 would OOM later). The peers run twice: as faithful reference implementations, written from
+their code and documentation, and, where they are installed (``pip install lightning
+accelerate``), as their own code, each trial failing with the CPU allocator's
+out-of-memory error that both recognise:
 
 - Lightning ``Tuner.scale_batch_size(mode="power")``: double from the initial size until
   a trial fails, keep the last success (``max_trials=25``);
@@ -140,12 +141,106 @@ def accelerate(trials: Trials, cap: int) -> int:
     return 0
 
 
+#: What PyTorch's CPU allocator raises when an allocation fails: the message every peer's
+#: out-of-memory check recognises on CPU (Lightning's ``is_oom_error``, Accelerate's
+#: ``should_reduce_batch_size``).
+CPU_OOM = "DefaultCPUAllocator: can't allocate memory: you tried to allocate {} bytes."
+
+
+def _raise_unless_fits(trials: Trials, b: int) -> None:
+    if not trials.fits(b):
+        raise RuntimeError(CPU_OOM.format(int(trials.case.peak(b))))
+
+
+def real_accelerate(trials: Trials, cap: int) -> int:
+    """Accelerate's own ``find_executable_batch_size``, its trials failing as a CPU
+    allocator would."""
+    from accelerate.utils import find_executable_batch_size
+
+    @find_executable_batch_size(starting_batch_size=cap)
+    def run(batch_size: int) -> int:
+        _raise_unless_fits(trials, batch_size)
+        return batch_size
+
+    try:
+        return run()
+    except RuntimeError:  # "No executable batch size found, reached zero."
+        return 0
+
+
+def real_lightning(mode: str) -> Callable[[Trials, int], int]:
+    """Lightning's own ``Tuner.scale_batch_size`` in ``mode``: a Trainer fits a module
+    for 3 steps per trial (Lightning's default), each step failing as a CPU allocator
+    would when the simulated run's peak is over the budget."""
+
+    def search(trials: Trials, cap: int) -> int:
+        import logging
+        import warnings
+
+        import lightning.pytorch as pl
+        import torch
+        from lightning.pytorch.tuner import Tuner
+
+        logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", module="lightning")
+
+        class Module(pl.LightningModule):
+            def __init__(self) -> None:
+                super().__init__()
+                self.batch_size = 2
+                self.layer = torch.nn.Linear(1, 1)
+
+            def train_dataloader(self) -> torch.utils.data.DataLoader:
+                # One row per sample: Lightning re-creates it at each new size.
+                return torch.utils.data.DataLoader(
+                    torch.utils.data.TensorDataset(torch.zeros(max(self.batch_size, 1) * 4, 1)),
+                    batch_size=self.batch_size,
+                )
+
+            def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
+                if index == 0:  # a trial's first step: one trial of this size
+                    _raise_unless_fits(trials, self.batch_size)
+                return self.layer(batch[0]).sum()
+
+            def configure_optimizers(self) -> torch.optim.Optimizer:
+                return torch.optim.SGD(self.parameters(), lr=0.0)
+
+        trainer = pl.Trainer(
+            accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        # Lightning's defaults but the first size (2, as the references): with max_val at
+        # the range's top, 2.6 stops on reaching it and returns that size untried.
+        found = Tuner(trainer).scale_batch_size(Module(), mode=mode, init_val=2)
+        return int(found or 0)
+
+    return search
+
+
 STRATEGIES: dict[str, Callable[[Trials, int], int]] = {
     "torchmem (fit + verify)": torchmem_search,
     "Lightning power": lightning_power,
     "Lightning binsearch": lightning_binsearch,
     "Accelerate (0.9x on OOM)": accelerate,
 }
+
+
+def real_peers() -> dict[str, Callable[[Trials, int], int]]:
+    """The peers' own finders where they are installed (``pip install lightning
+    accelerate``): the same simulated runs, fed to their code."""
+    import importlib.util
+
+    found: dict[str, Callable[[Trials, int], int]] = {}
+    if importlib.util.find_spec("lightning") is not None:
+        import lightning
+
+        found[f"Lightning {lightning.__version__} power (real)"] = real_lightning("power")
+        found[f"Lightning {lightning.__version__} binsearch (real)"] = real_lightning("binsearch")
+    if importlib.util.find_spec("accelerate") is not None:
+        import accelerate
+
+        found[f"Accelerate {accelerate.__version__} (real)"] = real_accelerate
+    return found
 
 
 def main() -> None:
@@ -161,24 +256,28 @@ def main() -> None:
         "('found' is the recommendation / true maximum)"
     )
     header = (
-        f"{'case':<28} {'strategy':<26} {'trials':>6} {'worst':>5} {'OOMs':>5} {'found':>6} "
+        f"{'case':<28} {'strategy':<34} {'trials':>6} {'worst':>5} {'OOMs':>5} {'found':>6} "
         f"{'lowest':>6}"
     )
     print(header)
     print("-" * len(header))
     totals: dict[str, list[tuple[float, float, float]]] = {}
+    peers = real_peers()
+    if not peers:
+        print("(the peers' own finders are not installed: pip install lightning accelerate)")
     for case in CASES:
         truth = case.true_max(args.cap)
-        for name, strategy in STRATEGIES.items():
+        for name, strategy in {**STRATEGIES, **peers}.items():
             rows = []
-            for seed in seeds:
+            # A real Trainer takes a second per trial: fewer seeds (the noise is 1%).
+            for seed in seeds if name not in peers else seeds[: 1 if args.quick else 3]:
                 trials = Trials(case, seed)
                 found = strategy(trials, args.cap)
                 rows.append((len(trials.sizes), trials.ooms, found / truth))
             t, o, f = (statistics.median(r[i] for r in rows) for i in range(3))
             worst, lowest = max(r[0] for r in rows), min(r[2] for r in rows)
             print(
-                f"{case.name:<28} {name:<26} {t:>6.0f} {worst:>5} {o:>5.0f} {f:>6.2f} "
+                f"{case.name:<28} {name:<34} {t:>6.0f} {worst:>5} {o:>5.0f} {f:>6.2f} "
                 f"{lowest:>6.2f}"
             )
             totals.setdefault(name, []).append((t, o, lowest))
