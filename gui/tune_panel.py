@@ -22,6 +22,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -45,6 +46,7 @@ from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.tuning.budget import budget_bytes, default_budget, headroom_bytes
 from torchmem.tuning.function import function_plan, function_spec, plan_function
 from torchmem.tuning.model import Fit
+from torchmem.tuning.predict import Prediction, can_predict, predict
 from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
 from torchmem.tuning.trial import (
     TrialPlan,
@@ -69,18 +71,37 @@ class TuneWorker(JobWorker):
 
     #: A trial ended: (Trial, the fit after it or None).
     trial_done = Signal(object, object)
+    #: The fake steps ended (a Prediction, with its model or why there is none).
+    predicted = Signal(object)
     cancelled = TuneCancelled
     cancelled_text = "cancelled: no trial is left running"
     known = (TuneError,)
     failed_text = "tuning failed"
 
-    def __init__(self, plan: TrialPlan, limit: int, minimum: int, maximum: int, rounding: str):
+    def __init__(
+        self,
+        plan: TrialPlan,
+        limit: int,
+        minimum: int,
+        maximum: int,
+        rounding: str,
+        predict_first: bool = False,
+    ):
         super().__init__()
         self.plan = plan
         self.limit, self.minimum, self.maximum, self.rounding = limit, minimum, maximum, rounding
+        self.predict_first = predict_first
 
     def work(self) -> TuneResult:
-        """Search: a TuneResult (``finished`` carries None when it failed or was cancelled)."""
+        """Predict (when asked), then search: a TuneResult (``finished`` carries None when
+        it failed or was cancelled)."""
+        prior = None
+        if self.predict_first:
+            prediction = predict(
+                self.plan, self.minimum, self.maximum, self.limit, self.cancel_event
+            )
+            self.predicted.emit(prediction)
+            prior = prediction.fit
         search = BatchSearch(
             lambda batch, role, predicted: run_trial(self.plan, batch, self.cancel_event),
             self.limit,
@@ -89,6 +110,7 @@ class TuneWorker(JobWorker):
             self.rounding,  # type: ignore[arg-type]
             on_trial=lambda trial, fit: self.trial_done.emit(trial, fit),
             cancel=self.cancel_event,
+            prior=prior,
         )
         return search.run()
 
@@ -114,6 +136,8 @@ class TunePanel(JobPanel):
         #: The user's script and its arguments in the last search (for a job, without the
         #: torchrun launcher); (None, ()) for a step function.
         self._script: tuple[str | None, tuple[str, ...]] = (None, ())
+        #: The last search's fake-step prediction (None: not asked, or not yet).
+        self.prediction: Prediction | None = None
         self.limit = 0
         self._build_form()
         self._build_plot()
@@ -179,6 +203,15 @@ class TunePanel(JobPanel):
         self.steps_spin.setRange(1, 1000)
         self.steps_spin.setValue(3)
         self.steps_spin.setToolTip("Training steps measured per trial, after one warm-up step")
+        self.predict_check = QCheckBox("Predict first with a fake step")
+        self.predict_check.setChecked(True)
+        self.predict_check.setToolTip(
+            "Run one training step per size under FakeTensorMode before any trial: tensors "
+            "without data, so a step at batch 4096 allocates nothing and takes a moment. "
+            "The memory model then needs two real trials after the first, where probing "
+            "takes five or six. A script that reads a tensor's value before its first "
+            "backward (.item()) cannot be predicted: the search then probes, and says why."
+        )
         self.ranks_spin = QSpinBox()
         self.ranks_spin.setRange(1, 256)
         self.ranks_spin.setSpecialValueText("1 (the script alone)")
@@ -305,6 +338,7 @@ class TunePanel(JobPanel):
         form.addRow("Rounding:", self.rounding_combo)
         form.addRow("Steps per trial:", self.steps_spin)
         form.addRow("Processes:", self.ranks_spin)
+        form.addRow("", self.predict_check)
         buttons = QHBoxLayout()
         buttons.addWidget(self.start_button)
         buttons.addWidget(self.cancel_button)
@@ -429,18 +463,33 @@ class TunePanel(JobPanel):
             f"{format_bytes(self.limit)} (budget {format_bytes(self.plan.budget_bytes)} − "
             f"headroom {format_bytes(room)}). Each trial is a separate process."
         )
+        predict_first = self.predict_check.isChecked() and can_predict(self.plan)
         worker = TuneWorker(
             self.plan,
             self.limit,
             self.min_spin.value(),
             self.max_spin.value(),
             self.rounding_combo.currentData(),
+            predict_first,
         )
+        if predict_first:
+            self.progress.setFormat("predicting: a fake step per size, nothing allocated…")
+        self.prediction = None
         worker.trial_done.connect(self._on_trial)
+        worker.predicted.connect(self._on_predicted)
         worker.finished.connect(self._on_finished)
         self.start_job(worker, "torchmem-tune")
         self._update_buttons()
         return True
+
+    @Slot(object)
+    def _on_predicted(self, prediction: Prediction) -> None:
+        self.prediction = prediction
+        text = prediction.describe()
+        self.say(text[0].upper() + text[1:] + ".")
+        self.progress.setFormat("trial 1 of about %m")
+        expected = 3 if prediction.fit is not None else EXPECTED_TRIALS
+        self.progress.setRange(0, expected)
 
     @Slot(object, object)
     def _on_trial(self, trial: Trial, fit: Fit | None) -> None:
@@ -448,7 +497,7 @@ class TunePanel(JobPanel):
         self.fit = fit
         self._add_row(trial)
         n = len(self.trials)
-        self.progress.setRange(0, max(EXPECTED_TRIALS, n + 1))
+        self.progress.setRange(0, max(self.progress.maximum(), n + 1))
         self.progress.setValue(n)
         mean = sum(t.duration_s for t in self.trials) / n
         left = max(self.progress.maximum() - n, 1) * mean
@@ -613,6 +662,7 @@ class TunePanel(JobPanel):
             self.script_edit, self.browse_button, self.args_edit, self.batch_edit,
             self.min_spin, self.max_spin, self.device_combo, self.budget_edit,
             self.headroom_edit, self.rounding_combo, self.steps_spin, self.ranks_spin,
+            self.predict_check,
         ):  # fmt: skip
             widget.setEnabled(not running)
 
@@ -662,7 +712,7 @@ class TunePanel(JobPanel):
                 data = tune_summary(
                     self.plan, list(self.plan.args), self.limit,
                     self.plan.budget_bytes - self.limit, self.result, self.trials,
-                    sum(t.duration_s for t in self.trials),
+                    sum(t.duration_s for t in self.trials), self.prediction,
                 )  # fmt: skip
                 Path(path).write_text(json.dumps(data, indent=2) + "\n")
         except OSError as exc:

@@ -53,7 +53,9 @@ def test_an_importable_function_runs_each_trial_in_a_fresh_process(tmp_path, mon
     pids = tmp_path / "pids"
     monkeypatch.setenv("TORCHMEM_TEST_PIDS", str(pids))
     budget = peak_rss() + 400 * MiB
-    result = torchmem.tune(step_functions.linear_step, budget=budget, max_trials=2, verbose=False)
+    result = torchmem.tune(
+        step_functions.linear_step, budget=budget, max_trials=2, verbose=False, predict=False
+    )
     calls = [tuple(map(int, line.split())) for line in pids.read_text().splitlines()]
     ran_in = {pid for pid, _ in calls}
     assert os.getpid() not in ran_in and len(ran_in) == 2  # one fresh process per trial
@@ -63,6 +65,25 @@ def test_an_importable_function_runs_each_trial_in_a_fresh_process(tmp_path, mon
     assert [b for _, b in calls] == [1] * 4 + [result.trials[1].batch_size] * 4
     assert all(t.ok and t.steps == 4 for t in result.trials), result.trials
     assert any("stopped after 2 trials" in note for note in result.notes)
+
+
+def test_a_function_by_reference_is_predicted_by_a_fake_step_first(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import step_functions
+
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("TORCHMEM_TEST_PIDS", str(pids))
+    budget = peak_rss() + 400 * MiB
+    result = torchmem.tune(step_functions.linear_step, budget=budget, verbose=False)
+    (said,) = [n for n in result.notes if n.startswith("predicted before running")]
+    assert "1.00 MiB × batch" in said  # exactly what a sample holds
+    assert result.ooms == 0 and len(result.trials) == 3, [t.batch_size for t in result.trials]
+    calls = [tuple(map(int, line.split())) for line in pids.read_text().splitlines()]
+    fake_pid, first = calls[0]
+    fake_sizes = [b for pid, b in calls if pid == fake_pid]
+    # The fake step: one call per size, eightfold up, in a process of its own.
+    assert first == 1 and fake_sizes == [8**i for i in range(len(fake_sizes))]
+    assert fake_pid != os.getpid() and len(fake_sizes) >= 2
 
 
 def test_a_notebook_function_is_forked_and_its_recommendation_fits(tmp_path):

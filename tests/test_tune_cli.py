@@ -177,3 +177,47 @@ def test_the_search_says_whether_its_trials_covered_an_evaluation_pass(tmp_path)
     data = json.loads(out.read_text())
     assert plain.returncode == 0 and all(t["eval_forwards"] == 0 for t in data["trials"])
     assert any("no trial reached an evaluation pass" in n for n in data["notes"])
+
+
+def test_a_fake_step_predicts_the_model_and_two_trials_after_the_first_confirm_it(tmp_path):
+    out = tmp_path / "tune.json"
+    r = tune("--budget", "1GiB", "--summary", str(out), LINEAR)
+    assert r.returncode == 0, r.stderr
+    data = check_summary(json.loads(out.read_text()))
+    prediction = data["prediction"]
+    assert prediction["error"] is None and len(prediction["points"]) >= 2
+    # The fake step holds exactly what the script allocates per sample: 1 MiB.
+    assert prediction["fit"]["slope"] == pytest.approx(MiB, rel=0.01)
+    assert data["ooms"] == 0 and len(data["trials"]) == 3, [t["batch_size"] for t in data["trials"]]
+    verified = data["trials"][-1]
+    assert (
+        verified["batch_size"] == data["recommended"]
+        and verified["peak_bytes"] <= data["limit_bytes"]
+    )
+    assert "predicted before running: one step under FakeTensorMode" in r.stderr
+
+
+def test_a_script_that_reads_a_value_before_backward_falls_back_to_probes(tmp_path):
+    out = tmp_path / "tune.json"
+    r = tune("--budget", "1GiB", "--summary", str(out), LINEAR, "--log-loss")
+    assert r.returncode == 0, r.stderr
+    data = check_summary(json.loads(out.read_text()))
+    assert data["prediction"]["fit"] is None
+    assert "reads a tensor's value before its first backward" in data["prediction"]["error"]
+    assert "no prediction before running" in r.stderr and "Traceback" not in r.stderr
+    assert data["recommended"] and data["ooms"] == 0  # the probes found it all the same
+    plain = tune("--no-predict", "--budget", "1GiB", "--max", "2", "--summary", str(out), LINEAR)
+    assert plain.returncode == 0 and "prediction" not in json.loads(out.read_text())
+
+
+def test_the_lstm_language_model_is_predicted_despite_its_manual_update():
+    # PyTorch's word_language_model way: no optimizer, p.data.add_, .item() after it.
+    from torchmem.tuning.predict import predict
+
+    plan = TrialPlan(str(SCRIPTS / "lstm_lm.py"), (), "--batch_size")
+    prediction = predict(plan, 1, 512, limit=10 * (1 << 30))
+    assert prediction.error is None, prediction.error
+    assert [b for b, _ in prediction.points] == [1, 8, 64, 512]
+    # Per sample: 35 steps of logits over 2,000 words and their gradients dominate.
+    logits = 35 * 2000 * 4
+    assert 2 * logits < prediction.fit.slope < 6 * logits, prediction.fit

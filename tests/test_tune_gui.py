@@ -52,6 +52,9 @@ def test_a_search_fills_plot_and_table_live_and_its_result_can_be_used(qtbot, pa
     assert f"{result.recommended:,}" in panel.headline.text()
     assert "Recommended --batch-size" in panel.status.text()
     assert panel.progress.value() == len(result.trials)
+    # A fake step predicted the model first: one probe to scale it, then the verification.
+    assert panel.prediction is not None and panel.prediction.fit is not None
+    assert len(result.trials) <= 4, [t.batch_size for t in result.trials]
     # "Use this batch size": the script and its arguments, with the size filled in.
     with qtbot.waitSignal(panel.use_batch_size) as used:
         panel.use_button.click()

@@ -190,3 +190,41 @@ def test_allocated_and_reserved_are_fitted_apart_and_a_growing_cache_is_said():
     assert 0.97 * exact <= result.recommended <= exact
     assert any("reserved memory grows 1.50x as fast as allocated" in n for n in result.notes)
     assert any(line.startswith("allocated alone: peak") for line in result.explain())
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.3, 1.6])
+@pytest.mark.parametrize(
+    ("fixed", "per_sample", "quad", "limit"),
+    [
+        (300 * MiB, 2 * MiB, 0.0, 6 * GiB),
+        (1.5 * GiB, 40 * MiB, 0.0, 20 * GiB),
+        (400 * MiB, 1 * MiB, 0.02 * MiB, 6 * GiB),  # attention: quadratic
+    ],
+)
+def test_a_fake_step_prior_needs_three_trials_even_when_it_undercounts(
+    fixed, per_sample, quad, limit, scale
+):
+    # The fake step sees tensors only: the real process pays `scale` times as much per
+    # tensor byte (RSS over tensors on CPU), and a base it cannot see at all.
+    from torchmem.tuning.model import Fit
+
+    model = Model(fixed, per_sample * scale, quad=quad * scale, noise=0.005,
+                  capacity=limit * 1.11)  # fmt: skip
+    prior = Fit(intercept=5 * MiB, slope=per_sample, quadratic=quad)
+    result = BatchSearch(model, limit, 1, 4096, prior=prior).run()
+    true_max = min(model.largest_under(limit), 4096)
+    assert result.ooms == 0 and len(result.trials) <= 3, model.calls
+    assert 0.95 * true_max <= result.recommended, (result.recommended, true_max, model.calls)
+    assert model.peak(result.recommended) <= limit * 1.01
+    assert [t.role for t in result.trials] == ["probe", "probe", "verify"]
+    assert result.trials[2].predicted_bytes == pytest.approx(result.trials[2].peak_bytes, rel=0.05)
+    assert (result.fit is not None and result.fit.is_quadratic) == (quad > 0)
+
+
+def test_a_prior_that_overcounts_badly_still_ends_under_the_limit():
+    from torchmem.tuning.model import Fit
+
+    model = Model(300 * MiB, 2 * MiB, noise=0.0, capacity=6.6 * GiB)
+    prior = Fit(intercept=0, slope=6 * MiB)  # three times what the real step costs
+    result = BatchSearch(model, 6 * GiB, 1, 4096, prior=prior).run()
+    assert result.ooms == 0 and result.recommended >= 0.95 * model.largest_under(6 * GiB)

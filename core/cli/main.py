@@ -86,6 +86,7 @@ def _tune(argv: list[str]) -> int:
         cwd=opts.cwd,
         quiet=opts.quiet,
         record_trials=opts.record_trials,
+        predict=opts.predict,
     )
 
 

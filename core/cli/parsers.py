@@ -264,6 +264,13 @@ def tune_parser() -> argparse.ArgumentParser:
         "`torchmem compare`); the recorder's own memory then counts in each trial's peak, "
         "so the recommendation can come out a little lower",
     )
+    p.add_argument(
+        "--no-predict",
+        dest="predict",
+        action="store_false",
+        help="do not predict the memory model first from one step per size under "
+        "FakeTensorMode (a second, nothing allocated; then two real trials usually do)",
+    )
     add_outputs(p, "the search and its trials", quiet="no progress or closing lines")
     p.add_argument("--cwd", help="working directory for the script (default: unchanged)")
     p.add_argument(

@@ -23,6 +23,8 @@ from torchmem.record.library import sessions_dir
 from torchmem.tuning.budget import budget_bytes, headroom_bytes
 from torchmem.tuning.function import function_plan, function_spec, plan_function
 from torchmem.tuning.model import Fit
+from torchmem.tuning.predict import Prediction, can_predict
+from torchmem.tuning.predict import predict as predict_memory
 from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
 from torchmem.tuning.trial import TrialPlan, run_trial
 from torchmem.units import format_bytes
@@ -50,11 +52,13 @@ def tune_headless(
     quiet: bool = False,
     record_trials: bool = False,
     job: bool = False,
+    predict: bool = True,
 ) -> int:
     """Run the search from the command line; the exit code says whether a size fits.
     With ``record_trials``, each trial is a recorded session of the sessions folder.
     With ``job``, ``script`` and ``args`` are a command (``torchrun ... train.py``):
-    each trial runs it, and the per-rank batch must fit every rank."""
+    each trial runs it, and the per-rank batch must fit every rank. With ``predict`` (a
+    script or a step function), fake steps predict the memory model before any trial."""
     say = (lambda text: None) if quiet else (lambda text: sys.stderr.write(text + "\n"))
     try:
         function = None if job else function_spec(script)
@@ -92,6 +96,15 @@ def tune_headless(
     )
     cancel = threading.Event()
     started = time.monotonic()
+    prediction = None
+    if predict and can_predict(plan):
+        say("torchmem: predicting: one step per size under FakeTensorMode, nothing allocated")
+        try:
+            prediction = predict_memory(plan, minimum, maximum, limit, cancel)
+        except KeyboardInterrupt:
+            sys.stderr.write("torchmem: tuning interrupted; no trial is left running\n")
+            return 130
+        say(f"torchmem: {prediction.describe()}")
 
     def measure(batch: int, role: str, predicted: float | None) -> Trial:
         return run_trial(plan, batch, cancel)
@@ -112,6 +125,7 @@ def tune_headless(
         max_trials,
         on_trial,
         cancel,  # type: ignore[arg-type]
+        prior=prediction.fit if prediction is not None else None,
     )
     try:
         result = search.run()
@@ -124,14 +138,16 @@ def tune_headless(
     except TuneError as exc:
         sys.stderr.write(f"torchmem: {exc}\n")
         data = tune_summary(
-            plan, args, limit, room, None, search.trials, time.monotonic() - started
+            plan, args, limit, room, None, search.trials, time.monotonic() - started, prediction
         )
         data["error"] = str(exc)
         if summary_path:
             write_summary(summary_path, data)
         return EXIT_NO_FIT
     say(_report(result, plan))
-    data = tune_summary(plan, args, limit, room, result, result.trials, time.monotonic() - started)
+    data = tune_summary(
+        plan, args, limit, room, result, result.trials, time.monotonic() - started, prediction
+    )
     if summary_path and not write_summary(summary_path, data):
         return EXIT_NO_FIT
     return 0
@@ -157,6 +173,7 @@ def tune_summary(
     result: TuneResult | None,
     trials: list[Trial],
     duration: float,
+    prediction: Prediction | None = None,
 ) -> dict[str, Any]:
     """The search as ``--summary`` (and the Tune panel's export) writes it."""
     fitting = [t.peak_bytes for t in trials if t.fits(limit) and t.peak_bytes is not None]
@@ -173,6 +190,7 @@ def tune_summary(
         function=function,
         argv=[] if function else list(args),
         **({"command": [plan.script, *args]} if plan.job else {}),
+        **({"prediction": prediction.to_json()} if prediction is not None else {}),
         batch_arg=plan.batch_arg,
         device=plan.device,
         budget_bytes=plan.budget_bytes,

@@ -30,7 +30,14 @@ def script_namespaces(
     while frame is not None:
         frames.append(frame)
         frame = frame.f_back
-    return _frame_namespaces(frames, script)
+    try:
+        return _frame_namespaces(frames, script)
+    finally:
+        # Called in the script's own thread, the list holds this very frame, and this
+        # frame holds the list: a cycle that kept every frame of the step, and the
+        # activations in their locals, alive until the next cyclic collection (a census
+        # at a step boundary doubled a step function's peak).
+        frames.clear()
 
 
 def traceback_namespaces(tb: Any, script: str | None = None) -> list[Namespace]:
@@ -40,7 +47,10 @@ def traceback_namespaces(tb: Any, script: str | None = None) -> list[Namespace]:
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
-    return _frame_namespaces(reversed(frames), script)
+    try:
+        return _frame_namespaces(reversed(frames), script)
+    finally:
+        frames.clear()
 
 
 def _frame_namespaces(frames: Iterable[Any], script: str | None) -> list[Namespace]:

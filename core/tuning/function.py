@@ -114,6 +114,7 @@ def tune(
     on_trial: Callable[[Trial, Fit | None], None] | None = None,
     cancel: threading.Event | None = None,
     verbose: bool = True,
+    predict: bool = True,
 ) -> TuneResult:
     """The largest batch size for which ``step_fn(batch_size)`` stays under ``budget``.
 
@@ -123,8 +124,10 @@ def tune(
     text or a percentage (default 10%; at least 1 GiB on accelerators). ``isolation``
     says where trials run (see the module's text). ``on_trial(trial, fit)`` hears of each
     trial as it ends; setting ``cancel`` ends the running trial and raises TuneCancelled;
-    ``verbose`` prints one line per trial. Raises TuneError when no size fits, saying
-    why; the result prints as the recommendation and its reasons.
+    ``verbose`` prints one line per trial. With ``predict``, a function that runs by
+    reference is first stepped under FakeTensorMode (see :mod:`torchmem.tuning.predict`:
+    three real trials instead of five or six). Raises TuneError when no size fits,
+    saying why; the result prints as the recommendation and its reasons.
     """
     if not callable(step_fn):
         raise TuneError(f"step_fn must be a function of the batch size, not {step_fn!r}")
@@ -135,7 +138,7 @@ def tune(
     total = budget_bytes(budget, device)
     room = headroom_bytes(headroom, total, device)
     limit = total - room
-    measure, notes = _trials(step_fn, isolation, steps, device, total)
+    measure, notes, plan = _trials(step_fn, isolation, steps, device, total)
     say = print if verbose else (lambda *_: None)
     name = getattr(step_fn, "__qualname__", repr(step_fn))
     say(
@@ -144,6 +147,14 @@ def tune(
         f"{format_bytes(room)} headroom)"
     )
     cancel = cancel or threading.Event()
+    prior = None
+    if predict and plan is not None:
+        from torchmem.tuning.predict import predict as predict_memory
+
+        prediction = predict_memory(plan, min_batch, max_batch, limit, cancel)
+        say(f"torchmem: {prediction.describe()}")
+        notes.insert(0, prediction.describe())
+        prior = prediction.fit
 
     def heard(trial: Trial, fit: Fit | None) -> None:
         say(f"torchmem: trial {len(search.trials)}: {trial.describe(limit)}")
@@ -159,6 +170,7 @@ def tune(
         max_trials,
         heard,
         cancel,
+        prior=prior,
     )
     try:
         result = search.run()
@@ -175,14 +187,15 @@ Measure = Callable[[int, threading.Event], Trial]
 
 def _trials(
     fn: StepFn, isolation: Isolation, steps: int, device: str, total: int
-) -> tuple[Measure, list[str]]:
-    """The trial runner and what to tell the user about where trials run."""
+) -> tuple[Measure, list[str], TrialPlan | None]:
+    """The trial runner, what to tell the user about where trials run, and the plan of
+    trials that run the function by reference (None when they run forked or here)."""
     if isolation not in ("auto", "process", "fork", "none"):
         raise TuneError(f"isolation must be auto, process, fork or none, not {isolation!r}")
     target = reference(fn) if isolation in ("auto", "process") else None
     if target is not None:
         plan = function_plan(target, os.pathsep.join(sys.path), steps, device, total)
-        return lambda batch, cancel: run_trial(plan, batch, cancel), []
+        return lambda batch, cancel: run_trial(plan, batch, cancel), [], plan
     plan = TrialPlan(script="", args=(), batch_arg="", steps=steps, device=device,
                      budget_bytes=total)  # fmt: skip
     if isolation == "process":
@@ -195,7 +208,7 @@ def _trials(
             "trials ran in this process (isolation='none'): an out-of-memory error was "
             "caught here, and on CPU the budget was judged after each trial, not enforced"
         )
-        return lambda batch, cancel: _in_process(fn, plan, batch), [note]
+        return lambda batch, cancel: _in_process(fn, plan, batch), [note], None
     problem = _fork_problem(device)
     if problem:
         raise TuneError(
@@ -212,7 +225,7 @@ def _trials(
             "a fork): their samples/s are one thread's; move the function into a module "
             "for full-speed trials"
         )
-    return lambda batch, cancel: _forked(fn, plan, batch, cancel), notes
+    return lambda batch, cancel: _forked(fn, plan, batch, cancel), notes, None
 
 
 def _fork_problem(device: str) -> str | None:

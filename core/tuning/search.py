@@ -26,6 +26,9 @@ VERIFY_TOLERANCE = 0.05
 #: The growth probes aim at this share of the room between the smallest size's peak and
 #: the limit, where the fit is made.
 PROBE_SHARE = 1 / 3
+#: With a fake step's model, the one probe aims here: far enough to measure its scale
+#: well, and under the limit even when the real process pays 1.6x what the model says.
+PRIOR_SHARE = 0.6
 
 
 class TuneError(Exception):
@@ -176,6 +179,7 @@ class BatchSearch:
         max_trials: int = 10,
         on_trial: Callable[[Trial, Fit | None], None] | None = None,
         cancel: threading.Event | None = None,
+        prior: Fit | None = None,
     ) -> None:
         if minimum < 1 or maximum < minimum:
             raise TuneError(f"the range must be 1 <= min <= max, not {minimum}..{maximum}")
@@ -191,6 +195,10 @@ class BatchSearch:
         self.trials: list[Trial] = []
         self.fit: Fit | None = None
         self.notes: list[str] = []
+        #: Peak tensor bytes per batch size from a fake step (:mod:`.predict`), before
+        #: any trial: the search anchors it on the first trial and goes straight to its
+        #: prediction, instead of probing for a slope.
+        self.prior = prior
 
     # -- the state of the search -------------------------------------------------------------
     @property
@@ -211,9 +219,18 @@ class BatchSearch:
 
     def _refit(self) -> Fit | None:
         points = [(t.batch_size, t.peak_bytes) for t in self.trials if t.ok and t.peak_bytes]
-        if len({b for b, _ in points}) < 2:
+        sizes = len({b for b, _ in points})
+        if self.prior is not None and 1 <= sizes < 4:
+            # Too few real sizes for a fit of their own: the fake step's shape, moved onto
+            # them (one trial) or scaled through them (two or three).
+            from torchmem.tuning.predict import anchored, scaled
+
+            b, p = points[0]
+            fit = anchored(self.prior, b, p) if sizes == 1 else scaled(self.prior, points)
+        elif sizes < 2:
             return None
-        fit = fit_peaks([b for b, _ in points], [p for _, p in points])
+        else:
+            fit = fit_peaks([b for b, _ in points], [p for _, p in points])
         if fit.is_quadratic:
             self._note(
                 "memory grows faster than linearly with the batch size (a quadratic term "
@@ -298,7 +315,10 @@ class BatchSearch:
                     f"({_bytes(first.peak_bytes)}) is over the limit {_bytes(self.limit)}. "
                     "Raise the budget, lower the headroom, or shrink the model."
                 )
-            self._grow()
+            if self.prior is None:
+                self._grow()
+            else:
+                self._scale()
             predicted = self._predict()
             self._verify(predicted)
         except _OutOfTrials:
@@ -360,6 +380,25 @@ class BatchSearch:
             last = self._run(nxt, "probe")
             if not last.ok and not last.oom:
                 raise TuneError(f"the trial at batch size {nxt} failed: {last.message}")
+
+    def _scale(self) -> None:
+        """One trial where the fake step's model, on the first trial, fills
+        :data:`PRIOR_SHARE` of the room: what the real process pays per tensor byte (RSS
+        over tensors on CPU, the allocator's rounding on a device; 1.0 to 1.5 in
+        practice) sets the scale before the prediction goes near the limit."""
+        first = self.trials[0]
+        if self.fit is None or first.peak_bytes is None:
+            return
+        base = first.peak_bytes
+        aim = self.fit.largest_under(base + (self.limit - base) * PRIOR_SHARE)
+        if aim is None:
+            return
+        size = min(int(aim), self.maximum)
+        if size <= first.batch_size * (1 + VERIFY_TOLERANCE):
+            return  # too close to the first trial to learn a scale from
+        trial = self._run(size, "probe")
+        if not trial.ok and not trial.oom:
+            raise TuneError(f"the trial at batch size {size} failed: {trial.message}")
 
     def _predict(self) -> int:
         """The model's largest size under the limit, within the range and below a failure."""

@@ -4,7 +4,8 @@ holds ``batch`` MiB of activations (one float32 row of 256 Ki elements per sampl
 Its largest batch under a budget is therefore known independently of any search.
 Options: --batch-size N, --steps N, --fail-above N (raise a ValueError above that size,
 as a script with a shape bug would), --quadratic (hold batch² / 64 MiB more: attention),
---eval (a forward without grad after each step, as a validation pass).
+--eval (a forward without grad after each step, as a validation pass), --log-loss (print
+the loss's value before backward: what fake tensors cannot give).
 """
 
 import argparse
@@ -18,6 +19,7 @@ p.add_argument("--steps", type=int, default=100)
 p.add_argument("--fail-above", type=int, default=0)
 p.add_argument("--quadratic", action="store_true")
 p.add_argument("--eval", action="store_true")
+p.add_argument("--log-loss", action="store_true")
 args = p.parse_args()
 if args.fail_above and args.batch_size > args.fail_above:
     raise ValueError(f"shape mismatch: batch {args.batch_size} does not divide the buckets")
@@ -30,6 +32,8 @@ for _ in range(args.steps):
     activations = torch.ones(args.batch_size, ROW)
     extra = torch.ones(args.batch_size * args.batch_size // 64, ROW) if args.quadratic else None
     loss = model(activations[:, :16]).pow(2).mean()
+    if args.log_loss:
+        print(f"loss {loss.item():.4f}")
     opt.zero_grad()
     loss.backward()
     opt.step()

@@ -1,0 +1,194 @@
+"""A script's first training step under FakeTensorMode: its tensor bytes at their peak,
+per batch size, with nothing allocated.
+
+Run by :mod:`torchmem.tuning.predict` in a child process of its own (never in the
+user's process: it patches torch for the duration)::
+
+    python -m torchmem.tuning.fake_step --out F --batch-arg=--batch-size --min 1 \\
+        --max 4096 --until BYTES train.py [ARGS...]
+
+Sizes go up eightfold from ``--min`` until the step's tensors alone pass ``--until`` (the
+search's limit) or ``--max`` is reached, so that the points span the size the search
+will predict, where the model must be right.
+
+Under ``FakeTensorMode`` every tensor has a shape, a dtype and a storage size but no
+data, so a forward and backward at batch 4096 take as long as at batch 1 and cost no
+memory. A dispatch mode above it counts each storage an operator creates, once (views
+share theirs), and takes it off when the storage dies: the live bytes, and their peak.
+The step ends when the first backward returns: by then the activations, the part that
+grows with the batch, have peaked. What does not grow with the batch (the interpreter,
+the optimizer's state) is taken from a real trial by the caller.
+
+Fake tensors have no values: a script that reads one before its first backward
+(``.item()``, ``.tolist()``, ``if loss > x``) or calls an operator without a fake
+implementation cannot be predicted; the error is written out, said in one line, and the
+search falls back to probes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from torchmem.tuning.trial import substitute
+
+#: Each fake size is this many times the one before.
+GROWTH = 8
+
+
+class StepEnded(BaseException):
+    """Raised when the first backward returns: the step's peak is known."""
+
+
+class PredictionFailed(Exception):
+    """The script cannot run under FakeTensorMode; the message says why, for a user."""
+
+
+def _live_bytes_mode() -> Any:
+    """A TorchDispatchMode counting the bytes of live storages, and their peak."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class LiveBytes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.live = 0
+            self.peak = 0
+            self._seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    storage = t.untyped_storage()
+                    if storage not in self._seen:
+                        n = storage.nbytes()
+                        self._seen[storage] = n
+                        self.live += n
+                        weakref.finalize(storage, self._free, n)
+                        self.peak = max(self.peak, self.live)
+            return out
+
+        def _free(self, n: int) -> None:
+            self.live -= n
+
+    return LiveBytes()
+
+
+def _patch_module_to() -> Any:
+    """``Module.to(device)`` under FakeTensorMode: a no-op unless it changes the dtype.
+
+    torch swaps fake parameters for their converted copies, which fails when the move
+    is a no-op (the copy is the parameter itself: "Couldn't swap Conv2d.weight"). A
+    move between devices changes no byte count, so it is skipped; a dtype change still
+    runs."""
+    import torch
+
+    original = torch.nn.Module.to
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _device, dtype, _blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
+        floats = [p for p in self.parameters() if p.is_floating_point()]
+        if dtype is None or all(p.dtype == dtype for p in floats):
+            return self
+        return original(self, *args, **kwargs)
+
+    torch.nn.Module.to = to  # type: ignore[method-assign]
+    return original
+
+
+def one_step(script: str, argv: list[str]) -> int:
+    """Peak live tensor bytes of ``script``'s first step, run with ``argv``, under
+    FakeTensorMode; PredictionFailed with the reason when it cannot run."""
+    import torch
+    import torch.autograd
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    counter = _live_bytes_mode()
+    original_backward = torch.autograd.backward
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        original_backward(*args, **kwargs)
+        raise StepEnded()
+
+    torch.autograd.backward = backward
+    original_to = _patch_module_to()
+    saved_argv = sys.argv
+    sys.argv = [script, *argv]
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), counter:
+            runpy.run_path(script, run_name="__main__")
+    except StepEnded:
+        return int(counter.peak)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        raise PredictionFailed(
+            f"the script exited (code {code}) before its first backward"
+            + (": check its arguments" if code == 2 else "")
+        ) from None
+    except Exception as exc:  # the script's own error, under fake tensors
+        raise PredictionFailed(why_not(exc)) from None
+    finally:
+        sys.argv = saved_argv
+        torch.autograd.backward = original_backward
+        torch.nn.Module.to = original_to  # type: ignore[method-assign]
+    raise PredictionFailed("the script ended without a backward pass: no training step to predict")
+
+
+def why_not(exc: BaseException) -> str:
+    """Why FakeTensorMode could not run the step, for a user."""
+    name = type(exc).__name__
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else name
+    if name in ("DataDependentOutputException", "DynamicOutputShapeException") or (
+        "_local_scalar_dense" in text
+    ):
+        return (
+            "the step reads a tensor's value before its first backward (.item(), "
+            f".tolist(), a data-dependent operator: {text}); fake tensors have no values"
+        )
+    if name == "UnsupportedOperatorException":
+        return f"an operator has no FakeTensorMode implementation ({text})"
+    return f"{name}: {text[:300]}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the step at growing sizes; write ``{"points": [[b, peak], ...], "error": ...}``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--batch-arg", required=True)
+    parser.add_argument("--min", type=int, required=True, help="the first batch size")
+    parser.add_argument("--max", type=int, required=True, help="the largest batch size")
+    parser.add_argument("--until", type=int, required=True, help="stop past these bytes")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    opts = parser.parse_args(argv)
+    script = str(Path(opts.script).resolve())
+    sys.path.insert(0, os.path.dirname(script))  # as `python train.py` would
+    started = time.monotonic()
+    points: list[list[int]] = []
+    error = None
+    size = opts.min
+    while True:
+        try:
+            peak = one_step(script, substitute(opts.args, opts.batch_arg, size))
+        except PredictionFailed as exc:
+            error = str(exc)
+            break
+        points.append([size, peak])
+        if peak >= opts.until or size >= opts.max:
+            break
+        size = min(size * GROWTH, opts.max)
+    result = {"points": points, "error": error, "seconds": round(time.monotonic() - started, 3)}
+    Path(opts.out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
