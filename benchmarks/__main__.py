@@ -63,6 +63,8 @@ BENCHES = (
           (), ("--events", "100000")),
     Bench("tune", "tune_search.py", "batch-size search vs Lightning and Accelerate",
           (), ("--quick",)),
+    Bench("peers", "peers.py", "the CNN loop under memray, Scalene, memory_profiler, memlab",
+          ("--rounds", "3"), ("--rounds", "1", "--steps", "20")),
     Bench("ssh", "ssh_attach.py", "attaching over SSH: latency, 16 ranks' ssh CPU",
           (), ("--rounds", "1", "--seconds", "3", "--agents", "4"), needs="sshd"),
 )  # fmt: skip

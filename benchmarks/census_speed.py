@@ -29,6 +29,38 @@ def bare_pass() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, Tensor))
 
 
+def tutorial_loop() -> float:
+    """The loop tutorials teach for finding tensors (every gc object, ``torch.is_tensor``
+    or a ``.data`` that is one, its type and size printed), printing to /dev/null; seconds."""
+    t = time.perf_counter()
+    with open(os.devnull, "w") as out:
+        for obj in gc.get_objects():
+            try:
+                if torch.is_tensor(obj) or (hasattr(obj, "data") and torch.is_tensor(obj.data)):
+                    print(type(obj), obj.size(), file=out)
+            except Exception:  # what the tutorials do too: some objects raise on getattr
+                pass
+    return time.perf_counter() - t
+
+
+def memlab_report() -> float | None:
+    """pytorch-memlab's ``MemReporter().report()`` over the same heap (every tensor, by
+    storage), printing to /dev/null; seconds, or None when it is not installed."""
+    import contextlib
+    import importlib.util
+    import io
+
+    if importlib.util.find_spec("pytorch_memlab") is None:
+        return None
+    with contextlib.redirect_stdout(io.StringIO()):
+        from pytorch_memlab import MemReporter
+
+        t = time.perf_counter()
+        with open(os.devnull, "w") as out, contextlib.redirect_stdout(out):
+            MemReporter().report()
+        return time.perf_counter() - t
+
+
 def field_floor() -> float:
     """The least a Python census can cost: the gc pass, then only reading the fields a
     census reports, each column in one C-level ``map`` (no Python code per tensor, no
@@ -100,6 +132,10 @@ def main() -> None:
         held = time.perf_counter() - t
         rows.append((bare, floor, full, held))
     bare, floor, full, held = (statistics.median(r[i] for r in rows) for i in range(4))
+    # The peers, once each (the tutorial loop prints a line per tensor; MemReporter too).
+    census = None
+    tutorial = tutorial_loop()
+    memlab = memlab_report()
     census = take_census(namespace)
     n_tensors = sum(len(s.tensors) for s in census.storages.values())
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
@@ -114,7 +150,12 @@ def main() -> None:
         ("floor: gc pass + reading the fields", floor),
         ("torchmem census", full),
         ("census, the million in a script variable", held),
+        ("tutorials' gc.get_objects() loop (prints)", tutorial),
+        ("pytorch-memlab MemReporter().report()", memlab),
     ):
+        if seconds is None:
+            print(f"{label:<42} {'not installed':>18}")
+            continue
         print(f"{label:<42} {seconds * 1000:>8.0f} ms {seconds / bare:>7.2f}")
     how = (
         f"{found:,} tensors among {args.objects:,} objects, median of {args.repeat}, "
@@ -123,6 +164,17 @@ def main() -> None:
     report.row("census / bare gc pass", f"{full / bare:.2f}x", "<= 5x", full / bare <= 5, how)
     report.row("floor (reading the fields only) / bare gc pass", f"{floor / bare:.2f}x", "",
                None, "the least a census in Python can cost: the target's reference")  # fmt: skip
+    report.row(
+        "tutorials' gc.get_objects() loop / bare gc pass",
+        f"{tutorial / bare:.2f}x",
+        "",
+        None,
+        "type and size of each tensor printed; no names, no views, no sum",
+    )
+    if memlab is not None:
+        report.row("pytorch-memlab MemReporter / bare gc pass", f"{memlab / bare:.2f}x", "",
+                   None, "every tensor by storage, sizes summed per device; names only for "
+                   "a model's parameters and grads when given the model")  # fmt: skip
     del others
 
 

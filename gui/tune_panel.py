@@ -26,12 +26,14 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QTableWidget,
@@ -348,8 +350,15 @@ class TunePanel(JobPanel):
         left.addWidget(self.progress)
         left.addWidget(self.status)
         left.addStretch(1)
-        left_widget = QWidget()
-        left_widget.setLayout(left)
+        form_widget = QWidget()
+        form_widget.setLayout(left)
+        # A short dock squeezed the form's rows into each other: below their height it
+        # scrolls instead.
+        left_widget = QScrollArea()
+        left_widget.setWidget(form_widget)
+        left_widget.setWidgetResizable(True)
+        left_widget.setFrameShape(QFrame.NoFrame)
+        left_widget.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         actions = QHBoxLayout()
         actions.addWidget(self.headline, 1)
         actions.addWidget(self.use_button)

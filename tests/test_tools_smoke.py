@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timeout(600)  # every benchmark, small: ~3 min here, more with the peers installed
 def test_the_quick_benchmark_run_reports_every_benchmark_in_one_table(tmp_path):
     logs = tmp_path / "logs"
     env = {"TORCHMEM_RUNTIME_DIR": str(tmp_path), "QT_QPA_PLATFORM": "offscreen"}

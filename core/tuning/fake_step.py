@@ -37,6 +37,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from torchmem.probe.parent_watch import ParentWatch
+from torchmem.probe.runner import EXIT_STOPPED
 from torchmem.tuning.trial import substitute
 
 #: Each fake size is this many times the one before.
@@ -170,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
+    # Ends with the search that started it, whatever ended that (a closed window).
+    ParentWatch.from_environment(lambda: os._exit(EXIT_STOPPED))
     script = str(Path(opts.script).resolve())
     sys.path.insert(0, os.path.dirname(script))  # as `python train.py` would
     started = time.monotonic()
