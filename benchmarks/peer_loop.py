@@ -1,4 +1,4 @@
-"""The CPU training loop every peer profiles in ``peers.py``: a small CNN, batches of 64.
+"""The CPU training loop every peer profiles in ``peers.py``: ``cnn_loop.make_loop``.
 
 Standalone (each peer runs it as its own program). It times each step with
 ``perf_counter`` and writes the median of the steps after a warm-up to the file named by
@@ -13,33 +13,12 @@ import statistics
 import sys
 import time
 
-import torch
-from torch import nn
+from cnn_loop import make_loop
 
 STEPS = int(os.environ.get("PEER_STEPS", "150"))
 WARMUP = 5
 
-torch.manual_seed(0)
-model = nn.Sequential(
-    nn.Conv2d(3, 32, 3, padding=1),
-    nn.ReLU(),
-    nn.MaxPool2d(2),
-    nn.Conv2d(32, 64, 3, padding=1),
-    nn.ReLU(),
-    nn.AdaptiveAvgPool2d(1),
-    nn.Flatten(),
-    nn.Linear(64, 10),
-)
-optimizer = torch.optim.Adam(model.parameters())
-x = torch.randn(64, 3, 32, 32)
-y = torch.randint(0, 10, (64,))
-
-
-def step() -> None:
-    loss = nn.functional.cross_entropy(model(x), y)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
+step = make_loop(64)
 
 
 line = os.environ.get("PEER_LINE_PROFILE", "")

@@ -20,38 +20,13 @@ import time
 
 import report
 import torch
-from torch import nn
+from cnn_loop import make_loop
 
 from torchmem.probe.backends import discover_backends
 from torchmem.probe.sampler import Sampler
 from torchmem.probe.steps import StepTracker
 from torchmem.session import Session
 from torchmem.sources.inprocess import InProcessSource
-
-
-def make_loop(batch: int = 64):
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(64, 10),
-    )
-    opt = torch.optim.Adam(model.parameters())
-    x = torch.randn(batch, 3, 32, 32)
-    y = torch.randint(0, 10, (batch,))
-
-    def step() -> None:
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return step
 
 
 def timed_block(step, steps: int) -> list[float]:
