@@ -17,6 +17,7 @@ process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -110,8 +111,15 @@ def run_once(tool: Tool, steps: int, tmp: Path, timeout: float) -> float | str:
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        rss = sum(_rss(p) for p in [proc.pid, *_children(proc.pid)])
-        os.killpg(proc.pid, 9)
+        below = _children(proc.pid)
+        rss = sum(_rss(p) for p in [proc.pid, *below])
+        # Scalene runs the program in a session of its own, which still holds the pipes:
+        # the group signal alone left communicate() waiting forever.
+        for pid in [proc.pid, *below]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, 9)
         proc.communicate()
         return f"not done after {timeout:.0f} s ({rss / 2**30:.1f} GiB RSS then)"
     if not times.exists():
