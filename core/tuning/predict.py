@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.tuning.model import Fit, fit_peaks
 from torchmem.tuning.search import TuneCancelled
-from torchmem.tuning.trial import TrialPlan, kill_tree
+from torchmem.tuning.trial import TrialPlan, kill_tree, start_child
 
 #: The fake steps must not hold up a search that would work without them.
 TIMEOUT_S = 120.0
@@ -128,15 +126,7 @@ def predict(
         ]  # fmt: skip
         with open(errors, "wb") as stderr:
             try:
-                proc = subprocess.Popen(
-                    command,
-                    cwd=plan.cwd,
-                    env={**os.environ, PARENT_ENV: str(os.getpid())},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                    start_new_session=True,
-                )
+                proc = start_child(command, plan.cwd, stderr)
             except OSError as exc:
                 return Prediction(error=f"cannot start the fake step: {exc}")
             code = _wait(proc, cancel)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
@@ -131,6 +131,21 @@ def trial_command(plan: TrialPlan, batch: int, summary: str) -> list[str]:
     return [*head, *record, plan.script, *args]
 
 
+def start_child(command: list[str], cwd: str | None, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a child of the search (a trial, the fake steps): its own process group, so
+    that ending it ends what it started, no terminal input or output, its errors into
+    ``stderr``, and ended with this process whatever kills it (parent_watch)."""
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        env={**os.environ, PARENT_ENV: str(os.getpid())},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        start_new_session=True,
+    )
+
+
 def run_trial(plan: TrialPlan, batch: int, cancel: threading.Event | None = None) -> Trial:
     """Run the script at ``batch`` in a child and measure it; TuneCancelled if ``cancel``
     is set meanwhile (the child is ended first, never left behind)."""
@@ -141,16 +156,7 @@ def run_trial(plan: TrialPlan, batch: int, cancel: threading.Event | None = None
         started = time.monotonic()
         with open(errors_path, "wb") as errors:
             try:
-                proc = subprocess.Popen(
-                    trial_command(plan, batch, summary_path),
-                    cwd=plan.cwd,
-                    # The trial ends with this process, whatever kills it (parent_watch).
-                    env={**os.environ, PARENT_ENV: str(os.getpid())},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=errors,
-                    start_new_session=True,
-                )
+                proc = start_child(trial_command(plan, batch, summary_path), plan.cwd, errors)
             except OSError as exc:
                 raise TuneError(f"cannot start a trial: {exc}") from None
             code, max_rss, over_budget = _wait(proc, plan, cancel, started)
