@@ -57,6 +57,8 @@ BENCHES = (
           ("--hours", "168"), ("--hours", "1")),
     Bench("gui", "gui_speed.py", "redrawing 8 traces of 1M samples; cold start",
           (), ("--points", "100000", "--frames", "20")),
+    Bench("week", "gui_week.py", "the window's RSS over a simulated week of samples",
+          ("--days", "7", "--hz", "10"), ("--days", "7", "--hz", "0.2", "--every", "60")),
     Bench("log", "log_flood.py", "300,000 printed lines in the window vs headless",
           (), ("--lines", "20000")),
     Bench("snapshot", "snapshot_open.py", "opening a memory snapshot of 1 GiB and more",

@@ -7,6 +7,7 @@ import shlex
 import sys
 from operator import attrgetter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
 from PySide6.QtGui import (
@@ -62,7 +63,6 @@ from .banner import Banner
 from .breakdown_plot import BreakdownPlot
 from .bridge import SessionBridge
 from .gui_gc import GuiThreadCollector
-from .lab_panel import LabPanel
 from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
 from .oom_dialog import OomDialog
@@ -74,7 +74,10 @@ from .status_bar import ElidingStatusBar
 from .tensor_panel import TensorPanel
 from .theme import THEMES, apply_theme
 from .trace_plot import TracePlot
-from .tune_panel import TunePanel
+
+if TYPE_CHECKING:  # made on first use: importing them at start costs the first frame
+    from .lab_panel import LabPanel
+    from .tune_panel import TunePanel
 
 WINDOWS = (("30 s", 30.0), ("2 min", 120.0), ("10 min", 600.0), ("1 h", 3600.0), ("All", None))
 UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
@@ -93,7 +96,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings()
         self.session = source.session if source else Session()
         #: The run lifecycle: sources, threads, stop / stuck / abandon / re-run.
-        self.runs = RunController(source or InProcessSource(self.session), self)
+        self.runs = RunController(source or InProcessSource(self.session, lazy=True), self)
         self.source = self.runs.source
         self.bridge = SessionBridge(self.session, self)
         self.script: str | None = None
@@ -729,6 +732,8 @@ class MainWindow(QMainWindow):
     def tune(self) -> TunePanel:
         """The Tune panel, made on first use."""
         if self._tune is None:
+            from .tune_panel import TunePanel
+
             self._tune = TunePanel()
             self._tune.use_batch_size.connect(self._use_batch_size)
             self.tune_dock.setWidget(self._tune)
@@ -743,6 +748,8 @@ class MainWindow(QMainWindow):
     def lab(self) -> LabPanel:
         """The Lab panel, made on first use."""
         if self._lab is None:
+            from .lab_panel import LabPanel
+
             self._lab = LabPanel()
             self.lab_dock.setWidget(self._lab)
         return self._lab
@@ -958,6 +965,9 @@ class MainWindow(QMainWindow):
             if isinstance(event, RunStarted):
                 self.run_label.setText("● Running")
                 self.act_history.setChecked(False)  # a new process records nothing yet
+                if self.attached is None:  # accelerators are found as a run starts
+                    self.readings.capacity = self.target.capacity()
+                    self._update_actions()
             elif isinstance(event, RunFinished):
                 self._show_finished(event)
             elif isinstance(event, Alert) and event.is_new:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -209,6 +212,65 @@ def test_accelerator_traces_and_empty_cache_with_a_stub_device(
     window.act_empty.trigger()
     qtbot.waitUntil(lambda: window.statusBar().currentMessage().startswith("empty_cache:"))
     assert "cuda:0 reserved -1.00 GiB (now 2.00 GiB)" in window.statusBar().currentMessage()
+
+
+def test_the_window_finds_accelerators_when_a_run_starts(
+    qtbot, stub_cuda, script_path, settings_path, monkeypatch
+):
+    """The window opens without torch (it is found as a run starts): until then there is
+    nothing to empty; then the device's trace, capacity and empty_cache come."""
+    from PySide6.QtCore import QSettings
+
+    import torchmem.sources.inprocess as inprocess
+    from torchmem.gui.main_window import MainWindow
+    from torchmem.session import Session
+
+    calls = []
+
+    def found():
+        calls.append(1)
+        return [TorchAllocatorBackend(stub_cuda, "cuda")]
+
+    monkeypatch.setattr(inprocess, "accelerator_backends", found)
+    source = inprocess.InProcessSource(Session(), lazy=True)
+    window = MainWindow(source, QSettings(settings_path, QSettings.IniFormat))
+    qtbot.addWidget(window)
+    window.show()
+    assert not calls and not window.act_empty.isEnabled()
+    stub_cuda.alloc(0, 2 << 30)
+    window.load_script(script_path("train_steps.py"), ["3"], run=True)
+    finish(qtbot, window)
+    assert calls == [1]
+    assert window.act_empty.isEnabled()
+    assert "cuda:0/allocated" in window.plot.curve_keys()
+    assert window.readings.capacity["cuda:0"] == 80 << 30
+    window.load_script(script_path("train_steps.py"), ["2"], run=True)
+    finish(qtbot, window)
+    assert calls == [1], "found once"
+    window.close()
+
+
+def test_the_window_opens_without_importing_torch(tmp_path):
+    """torch takes longer to import than the whole window takes to appear: the window
+    draws first (an attached or separate-process run never needs torch in it)."""
+    code = (
+        "import sys\n"
+        "from PySide6.QtWidgets import QApplication\n"
+        "from PySide6.QtCore import QSettings\n"
+        "from torchmem.gui.main_window import MainWindow\n"
+        "app = QApplication([])\n"
+        f"w = MainWindow(settings=QSettings({str(tmp_path / 's.ini')!r}, QSettings.IniFormat))\n"
+        "w.show(); app.processEvents()\n"
+        "print('torch' in sys.modules)\n"
+        "w.close()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
 
 
 def test_x_axis_in_steps_units_and_hover(qtbot, window, script_path):

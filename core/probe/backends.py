@@ -294,11 +294,17 @@ def _nvml_backend(pid: int | None, torch_names: bool = True) -> MemoryBackend | 
 
 def discover_backends(pid: int | None = None) -> list[MemoryBackend]:
     """Every backend this machine supports: host memory always, accelerators if present."""
-    backends: list[MemoryBackend] = [ProcessBackend(pid)]
+    return [ProcessBackend(pid), *accelerator_backends(pid)]
+
+
+def accelerator_backends(pid: int | None = None) -> list[MemoryBackend]:
+    """The accelerators torch has here (CUDA with NVML beside it, XPU, MPS); none without
+    torch. Imports torch: a window calls it only once a script needs torch anyway."""
     try:
         import torch
     except ImportError:
-        return backends
+        return []
+    backends: list[MemoryBackend] = []
     if torch.cuda.is_available():
         backends.append(TorchAllocatorBackend(torch.cuda, "cuda"))
         nvml = _nvml_backend(pid)

@@ -15,7 +15,13 @@ from typing import Any
 
 from torchmem.events import CensusTaken, CommandResult, Event, Marker, MarkerKind, RunFinished
 from torchmem.leaks.detector import LeakDetector, LeakSettings
-from torchmem.probe.backends import MemoryBackend, backends_capacity, discover_backends
+from torchmem.probe.backends import (
+    MemoryBackend,
+    ProcessBackend,
+    accelerator_backends,
+    backends_capacity,
+    discover_backends,
+)
 from torchmem.probe.commands import (
     allocation_history,
     empty_cache,
@@ -77,9 +83,18 @@ class InProcessSource:
         session: Session,
         backends: Sequence[MemoryBackend] | None = None,
         hz: float = 10.0,
+        lazy: bool = False,
     ) -> None:
+        """``backends`` default to every one this machine has; with ``lazy`` (the window)
+        only host memory until the first run starts: finding accelerators imports torch,
+        which takes longer than the whole window to appear and holds 200 MiB that a window
+        used to attach, or to run scripts in their own process, never needs."""
         self.session = session
-        self.backends = list(backends) if backends is not None else discover_backends()
+        self._lazy = backends is None and lazy
+        if backends is not None:
+            self.backends = list(backends)
+        else:
+            self.backends = [ProcessBackend()] if lazy else discover_backends()
         self.sampler = Sampler(self.backends, session.submit, hz, clock=session.now)
         self._runner: ScriptRunner | WatchedThread | None = None
         self.steps_seen = 0
@@ -113,6 +128,18 @@ class InProcessSource:
         """Total memory per device, where known."""
         return backends_capacity(self.backends)
 
+    def find_accelerators(self) -> None:
+        """Add the accelerator backends a lazy source left out (once; imports torch). The
+        sampler takes the new list at its next tick, the leak detector their capacity."""
+        if not self._lazy:
+            return
+        self._lazy = False
+        found = accelerator_backends()
+        if found:
+            self.backends = [*self.backends, *found]
+            self.sampler.backends = list(self.backends)
+            self.leaks.capacity.update(backends_capacity(found))
+
     # -- runs ---------------------------------------------------------------------------
     def run_script(self, script: Script) -> RunFinished:
         """Run ``script`` in the calling thread, sampling while it runs; blocks until it ends."""
@@ -131,6 +158,7 @@ class InProcessSource:
         self.census_schedule.reset()
         self._boundary = BoundaryClock(self.pace)
         self.sampler.start()
+        self.find_accelerators()  # after the sampler: host memory is drawn meanwhile
         try:
             return runner.run()
         finally:
@@ -161,6 +189,7 @@ class InProcessSource:
         self._runner = WatchedThread(tracker, ident, script)
         self.census_schedule.reset()
         self.sampler.start()
+        self.find_accelerators()
 
     def unwatch(self) -> None:
         """Undo :meth:`watch_thread`: remove the hooks, stop sampling."""
