@@ -2,10 +2,11 @@
 
 A window (offscreen) is fed what a week-long training run sends it, as fast as it takes
 it: every tenth of a second a sample of 6 series and a step marker, a log line every 10
-seconds, an epoch marker every hour, a census of 200 storages every 5 minutes. The Qt
-event loop runs once per ``--every`` simulated minutes (10: a week is 1,008 frames), so
-the bridge drains and the views redraw as they would. The process's RSS is read at the
-end of every simulated day (after a collection). Targets: <= 300 MiB at the end, and
+seconds, a progress bar redrawn every second (a carriage return, as tqdm does), an
+epoch marker every hour, a census of 200 storages every 5 minutes. The Qt event loop
+runs once per ``--every`` simulated minutes (10: a week is 1,008 frames), so the bridge
+drains and the views redraw as they would. The process's RSS is read at the end of
+every simulated day (after a collection). Targets: <= 300 MiB at the end, and
 flat over the last days (the Session, its series and every view are bounded by design;
 this is where a leak would show).
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import psutil
 import report
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QEvent, QSettings
 from PySide6.QtWidgets import QApplication
 
 from torchmem.events import CensusTaken, LogRecord, Marker, MarkerKind, Sample, Stream
@@ -72,14 +73,25 @@ def feed_day(window: MainWindow, app: QApplication, day: int, hz: float, every: 
             submit(Sample(t, {k: (j + 1) * 1e9 + wave for j, k in enumerate(KEYS)}, step))
             submit(Marker(t, MarkerKind.STEP, step=step))
             step += 1
-            if i % int(10 * hz) == 0:
-                submit(LogRecord(t, Stream.STDOUT, f"step {step} loss {1 / (1 + step):.6f}"))
+            if i % max(1, int(hz)) == 0:  # a progress bar redrawn every second, as tqdm
+                bar = f"\r{step % 1000 / 10:5.1f}%|{'#' * (step % 1000 // 50):<20}| {step}"
+                submit(LogRecord(t, Stream.STDERR, bar))
+            if i % max(1, int(10 * hz)) == 0:
+                submit(LogRecord(t, Stream.STDOUT, f"step {step} loss {1 / (1 + step):.6f}\n"))
         if minute % 60 == 0:
             submit(Marker(t0, MarkerKind.EPOCH, f"epoch {day * 24 + minute // 60}", step))
         if minute % 5 == 0:
             submit(CensusTaken(t0, step, census(step), "step"))
         if minute % every == every - 1:
-            app.processEvents()
+            frame(app)
+
+
+def frame(app: QApplication) -> None:
+    """Run the event loop once, as between two frames of the running app, deleting what
+    views handed to ``deleteLater`` (``processEvents`` alone leaves those for the outer
+    loop, which a benchmark that feeds and draws in turn never returns to)."""
+    app.processEvents()
+    app.sendPostedEvents(None, QEvent.DeferredDelete)
 
 
 def rss() -> int:
@@ -109,7 +121,7 @@ def main() -> None:
     for day in range(args.days):
         feed_day(window, app, day, args.hz, max(1, args.every))
         window.plot.refresh(force=True)
-        app.processEvents()
+        frame(app)
         daily.append(rss())
         print(
             f"day {day + 1}: {window.session.samples:,} samples, RSS {format_bytes(daily[-1])} "

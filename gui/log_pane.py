@@ -23,6 +23,9 @@ from torchmem.session import Session
 from .bridge import SessionBridge
 
 MAX_LINES = 20000
+#: A line longer than this is broken (a script that writes without newlines would
+#: otherwise grow one line, which the pane's line cap never trims, for the whole run).
+MAX_LINE_CHARS = 4096
 #: After an insertion that took t, the next waits PACE x t (the pane's share <= 1/(1+PACE)).
 PACE = 4
 
@@ -169,7 +172,38 @@ class LogPane(QPlainTextEdit):
             text = record.text
             if record.stream is Stream.TORCHMEM:
                 text = f"[torchmem] {text}" + ("" if text.endswith("\n") else "\n")
-            cursor.insertText(text, self._formats[record.stream])
+            self._insert(cursor, text, self._formats[record.stream])
         cursor.endEditBlock()
         if at_bottom:
             bar.setValue(bar.maximum())
+
+    @staticmethod
+    def _insert(cursor: QTextCursor, text: str, fmt: QTextCharFormat) -> None:
+        """Insert ``text`` as a terminal shows it: a carriage return starts the current line
+        over (tqdm redraws its bar this way, ten times a second for a whole run: appended,
+        those redraws made one line that grew by megabytes a day), and a line that passes
+        ``MAX_LINE_CHARS`` goes on in a new one."""
+        parts = text.replace("\r\n", "\n").split("\r")
+        for i, part in enumerate(parts):
+            if i:
+                cursor.movePosition(QTextCursor.StartOfBlock, QTextCursor.KeepAnchor)
+                cursor.removeSelectedText()
+            if not part:
+                continue
+            lines = part.split("\n")
+            room = MAX_LINE_CHARS - cursor.positionInBlock()
+            if len(lines[0]) > room or any(len(line) > MAX_LINE_CHARS for line in lines):
+                lines[0] = _wrap(lines[0], room, MAX_LINE_CHARS)
+                lines[1:] = [_wrap(line, MAX_LINE_CHARS, MAX_LINE_CHARS) for line in lines[1:]]
+                part = "\n".join(lines)
+            cursor.insertText(part, fmt)
+
+
+def _wrap(line: str, room: int, width: int) -> str:
+    """``line`` broken with newlines so that no piece passes ``width`` characters, the
+    first piece fitting the ``room`` left on the current line."""
+    room = max(room, 0)
+    if len(line) <= room:
+        return line
+    pieces = [line[:room]] + [line[i : i + width] for i in range(room, len(line), width)]
+    return "\n".join(pieces)

@@ -83,7 +83,13 @@ def _discard(item: pg.GraphicsObject) -> None:
     """
     view = item.getViewBox()
     if view is not None:
-        view.removeItem(item)
+        # Off the PlotItem when it has one: its list of items keeps a reference that the
+        # view's removeItem leaves, and every marker line dropped stayed alive with it.
+        owner = view.parentItem()
+        if isinstance(owner, pg.PlotItem):
+            owner.removeItem(item)
+        else:
+            view.removeItem(item)
     item.deleteLater()
 
 

@@ -400,6 +400,17 @@ def test_only_the_newest_marker_lines_are_kept(qtbot, window):
     assert labels[-1] == f"mark {3 * MAX_MARKER_LINES - 1}" and labels == sorted(
         labels, key=lambda text: int(text.split()[1])
     )
+    # The dropped lines are gone, not only hidden: a week of epoch markers stays bounded.
+    import gc
+
+    import pyqtgraph as pg
+    from PySide6.QtCore import QEvent
+
+    QApplication.sendPostedEvents(None, QEvent.DeferredDelete)
+    gc.collect()
+    kept = sum(len(lines) for _, lines in window.plot._marker_lines)
+    alive = sum(type(o) is pg.InfiniteLine for o in gc.get_objects())  # no proxy asked
+    assert alive - kept < 10, f"{alive - kept} lines left alive"  # 3: the hover lines
 
 
 def test_a_stale_reading_is_never_shown_as_now(qtbot, window):

@@ -75,3 +75,31 @@ def test_the_log_pane_skips_what_it_would_drop_and_says_so(qtbot):
     calm._session = None
     calm.on_events([LogRecord(0, Stream.STDOUT, "epoch 1 done\n")])
     assert "epoch 1 done" in calm.toPlainText()  # calm output shows at once
+
+
+def test_a_progress_bar_redraws_its_line_as_in_a_terminal(qtbot):
+    """tqdm redraws its bar with carriage returns for a whole run: the pane shows the
+    latest bar on one line, and the document does not grow with every redraw."""
+    pane = LogPane()
+    qtbot.addWidget(pane)
+    pane.append_records([LogRecord(0.0, Stream.STDOUT, "epoch 1\n")])
+    for i in range(2000):
+        pane.append_records([LogRecord(0.1, Stream.STDERR, f"\r{i / 20:5.1f}%|{'#' * (i // 100)}")])
+    pane.append_records([LogRecord(0.2, Stream.STDERR, "\r100.0%|done\r\n")])
+    pane.append_records([LogRecord(0.3, Stream.STDOUT, "epoch 2\n")])
+    assert pane.toPlainText() == "epoch 1\n100.0%|done\nepoch 2\n"
+    assert pane.document().characterCount() < 100
+
+
+def test_a_line_without_end_is_broken_so_the_line_cap_still_bounds_the_pane(qtbot):
+    from torchmem.gui.log_pane import MAX_LINE_CHARS
+
+    pane = LogPane()
+    qtbot.addWidget(pane)
+    chunk = "...............|"  # print(chunk, end=""), 16 characters
+    writes = 3 * MAX_LINE_CHARS // len(chunk)
+    for _ in range(writes):
+        pane.append_records([LogRecord(0.0, Stream.STDOUT, chunk)])
+    lines = pane.toPlainText().split("\n")
+    assert len(lines) == 3 and all(len(line) == MAX_LINE_CHARS for line in lines)
+    assert "".join(lines) == chunk * writes

@@ -581,3 +581,23 @@ def test_a_run_stopped_by_max_steps_reads_back_as_the_command_line_ended_it(tmp_
     recorder.close({"summary": {"status": "finished", "exit_code": 0, "message": message}})
     data = check_summary(recorded_summary(load(path)))
     assert (data["status"], data["exit_code"], data["message"]) == ("finished", 0, message)
+
+
+def test_between_runs_the_recorder_keeps_only_the_newest_census_for_the_next_file(tmp_path):
+    """Readings before a run's start go into its file; of the censuses taken meanwhile
+    (each can be megabytes), only the newest: an idle window does not hoard them."""
+    from torchmem.record.census_diff import recorded_censuses
+    from torchmem.record.runs import RunRecorder
+
+    live = Session()
+    runs = RunRecorder(live, tmp_path)
+    for i in range(50):
+        live.submit(Sample(float(i), {"cpu/rss": 1e9 + i}))
+        live.submit(CensusTaken(float(i), i, census_of({"weights": [4096]}, i), "user"))
+    live.submit(RunStarted(50.0, "train.py", ()))
+    live.submit(CensusTaken(51.0, 51, census_of({"weights": [4096]}, 51), "step"))
+    runs.end_run()
+    runs.close()
+    (path,) = tmp_path.glob("*.tmsession")
+    assert [t.step for t in recorded_censuses(path)] == [49, 51]
+    assert load(path).session.samples == 50

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchmem.events import Event, RunFinished, RunStarted
+from torchmem.events import CensusTaken, Event, RunFinished, RunStarted
 from torchmem.record.library import DEFAULT_CAP_BYTES, new_session_path, prune, sessions_dir
 from torchmem.record.recorder import Recorder, start_recording
 from torchmem.record.store import RecordError
@@ -81,6 +81,9 @@ class RunRecorder:
             if self.session.t0 != self._early_t0:  # the Session was reset since
                 self._early.clear()
                 self._early_t0 = self.session.t0
+            if isinstance(event, CensusTaken):  # only the newest: a census can be 20 MB
+                kept = [e for e in self._early if not isinstance(e, CensusTaken)]
+                self._early = deque(kept, maxlen=EARLY_EVENTS)
             self._early.append(event)
 
     def _start(self, started: RunStarted) -> None:
