@@ -44,6 +44,7 @@ def test_the_quick_benchmark_run_reports_every_benchmark_in_one_table(tmp_path):
         "log flood: the window / torchmem run",
         "redraw, 8 traces of 100,000 samples",
         "cold start: command to first drawn frame",
+        "window RSS after a simulated week",
         "snapshot: reopen from the index",
         "tuning, torchmem (fit + verify): trials / OOMs / worst found",
     ):
