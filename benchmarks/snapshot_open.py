@@ -7,8 +7,9 @@ state; every event with a four-frame stack, as ``_record_memory_history(stacks="
 writes), then measures, each in a fresh process:
 
 - ``torchmem snapshot info`` cold (read in a worker, indexed) and again (from the index);
-- the peak RSS of the reading worker, and of the process that holds the index (the window's
-  share: it never holds the pickle);
+- the time and peak RSS of the reading worker, with the native scanner and with pickle
+  (an install built without a compiler), and of the process that holds the index (the
+  window's share: it never holds the pickle);
 - ``pickle.load`` of the whole file (what a viewer that keeps every event as an object
   holds: memory_viz in a browser tab holds it as JavaScript objects, more again).
 
@@ -105,10 +106,15 @@ def main() -> None:
     cold, out = timed(info, env)
     data = json.loads(out)
     warm, _ = timed(info, env)
-    # The worker's own peak: index the file again in a process that reports its VmHWM.
-    _, read_peak = peak_of(
+    # The worker's own peak: index the file again in a process that reports its VmHWM,
+    # with the native scanner and with pickle (what an install without a compiler does).
+    read_s, read_peak = peak_of(
         f"from torchmem.snapshots.open import index_snapshot\n"
         f"index_snapshot({str(path)!r}, {str(folder / 'again.npz')!r})", env
+    )  # fmt: skip
+    pickled_s, pickled_peak = peak_of(
+        f"from torchmem.snapshots.open import index_snapshot\n"
+        f"index_snapshot({str(path)!r}, {str(folder / 'pickled.npz')!r}, native=False)", env
     )  # fmt: skip
     _, view_peak = peak_of(
         f"from torchmem.snapshots.open import open_snapshot\n"
@@ -129,7 +135,14 @@ def main() -> None:
     rows = [
         ("snapshot info, first time (read + index)", f"{cold:.1f} s", "<= 15 s"),
         ("snapshot info, from the index", f"{warm:.2f} s", "<= 2 s"),
-        ("reading worker: peak RSS", format_bytes(read_peak), "(a child: never the window)"),
+        ("reading worker (native scanner): time", f"{read_s:.1f} s", ""),
+        (
+            "reading worker (native scanner): peak RSS",
+            format_bytes(read_peak),
+            "(a child: never the window)",
+        ),
+        ("reading worker (pickle, no compiler): time", f"{pickled_s:.1f} s", ""),
+        ("reading worker (pickle, no compiler): peak RSS", format_bytes(pickled_peak), ""),
         ("index + timeline + live set: peak RSS", format_bytes(view_peak), "<= 1.5 GiB"),
         ("  of which Python + torchmem alone", format_bytes(base_peak), ""),
         ("pickle.load of the whole file: peak RSS", format_bytes(load_peak), "memory_viz's way"),

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from torchmem.snapshots.scan import ScannedSnapshot
+
 #: Version of the index format: an index of another version is rebuilt.
 INDEX_VERSION = 1
 #: The trace actions, by code (``free`` is torch 2.0's name of ``free_requested``).
@@ -128,6 +130,22 @@ def build_index(
 ) -> SnapshotIndex:
     """The index of a snapshot read by :func:`~torchmem.snapshots.read.read_snapshot`."""
     stacks = _Stacks()
+    return _assemble(snapshot, _event_columns(snapshot, stacks, progress), stacks, meta)
+
+
+def index_scanned(scanned: ScannedSnapshot, meta: dict[str, Any] | None = None) -> SnapshotIndex:
+    """The index of a snapshot read by :func:`~torchmem.snapshots.scan.scan_snapshot`:
+    the same arrays, stacks and facts as :func:`build_index` gives for that file."""
+    stacks = _Stacks()
+    for ids in scanned.stacks:  # the scanner's stack ids stay the index's
+        stacks.id_of([dict(zip(("name", "filename", "line"), scanned.frames[i], strict=True))
+                      for i in ids])  # fmt: skip
+    return _assemble(scanned.data, scanned.events, stacks, meta)
+
+
+def _event_columns(
+    snapshot: dict[str, Any], stacks: _Stacks, progress: Callable[[float], None] | None
+) -> list[np.ndarray]:
     codes = {name: i for i, name in enumerate(ACTIONS)}
     traces = snapshot.get("device_traces") or []
     total = sum(len(t) for t in traces if isinstance(t, list)) or 1
@@ -151,9 +169,14 @@ def build_index(
         done += len(trace)
         if progress is not None:
             progress(done / total)
-    ev = [np.asarray(c, dtype=t) for c, t in zip(
+    return [np.asarray(c, dtype=t) for c, t in zip(
         columns, (np.int16, np.int64, np.int8, np.uint64, np.int64, np.int32), strict=True
     )]  # fmt: skip
+
+
+def _assemble(
+    snapshot: dict[str, Any], ev: list[np.ndarray], stacks: _Stacks, meta: dict[str, Any] | None
+) -> SnapshotIndex:
     seg_rows, blk_rows = [], []
     for segment in snapshot.get("segments") or []:
         if not isinstance(segment, dict):

@@ -24,8 +24,9 @@ from pathlib import Path
 
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.record.library import sessions_dir
-from torchmem.snapshots.index import SnapshotIndex, build_index
+from torchmem.snapshots.index import ACTIONS, SnapshotIndex, build_index, index_scanned
 from torchmem.snapshots.read import SnapshotError, read_snapshot
+from torchmem.snapshots.scan import scan_snapshot
 
 #: Reading the pickle is most of the work; indexing the rest.
 READ_SHARE = 0.8
@@ -44,26 +45,45 @@ def index_path(path: str | Path) -> Path:
 
 
 def index_snapshot(
-    path: str | Path, out: str | Path, progress: Callable[[float], None] | None = None
+    path: str | Path,
+    out: str | Path,
+    progress: Callable[[float], None] | None = None,
+    native: bool = True,
 ) -> SnapshotIndex:
-    """Read the snapshot at ``path`` here, and save its index to ``out``."""
+    """Read the snapshot at ``path`` here, and save its index to ``out``: with the native
+    scanner where it can (``native``), else with pickle."""
     say = progress or (lambda share: None)
     # Millions of new containers and no garbage: the cyclic collector would walk them
     # again and again (it halves the time of a large file).
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        data = read_snapshot(path, lambda share: say(share * READ_SHARE))
-        stat = Path(path).stat()
-        meta = {"file": str(Path(path).resolve()), "file_bytes": stat.st_size}
-        index = build_index(data, meta, lambda share: say(READ_SHARE + share * (1 - READ_SHARE)))
-        del data
+        scanned = (
+            scan_snapshot(path, ACTIONS, lambda share: say(share * READ_SHARE)) if native else None
+        )
+        if scanned is not None:
+            index = index_scanned(scanned, _file_facts(path, "scanner"))
+            del scanned
+            say(1.0)
+        else:
+            data = read_snapshot(path, lambda share: say(share * READ_SHARE))
+            index = build_index(
+                data,
+                _file_facts(path, "pickle"),
+                lambda share: say(READ_SHARE + share * (1 - READ_SHARE)),
+            )
+            del data
     finally:
         if was_enabled:
             gc.enable()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     index.save(out)
     return index
+
+
+def _file_facts(path: str | Path, reader: str) -> dict[str, object]:
+    return {"file": str(Path(path).resolve()), "file_bytes": Path(path).stat().st_size,
+            "reader": reader}  # fmt: skip
 
 
 def open_snapshot(

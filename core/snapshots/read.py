@@ -89,7 +89,7 @@ def read_snapshot(
             data = _PlainData(source).load()
     except SnapshotError:
         raise
-    except (EOFError, pickle.UnpicklingError, ValueError, IndexError) as exc:
+    except (EOFError, pickle.UnpicklingError, ValueError, IndexError, TypeError) as exc:
         raise SnapshotError(
             f"{path} is truncated or damaged ({type(exc).__name__}: {exc}); a snapshot "
             "cut short while it was written cannot be read"
