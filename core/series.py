@@ -54,6 +54,13 @@ METRICS: dict[str, Metric] = {
         "the RSS of the same moment, which it never exceeds.",
         sparse=True,
     ),
+    "heap_free": Metric(
+        "C heap free",
+        "Bytes the C library's malloc holds free in this process's heap (glibc mallinfo2): "
+        "freed memory kept for reuse, which RSS still counts. It grows as the heap "
+        "fragments; the leak detector reads process RSS less this, so that the creep is "
+        "not taken for a leak. Only where torchmem runs inside the process, on glibc.",
+    ),
     "alloc_retries": Metric(
         "allocation retries",
         "How often cudaMalloc failed and the allocator flushed its cache to retry "

@@ -44,7 +44,8 @@ def screenshot_when_drawn(window: MainWindow, path: str, samples: int) -> None:
         timer.stop()
         # Unix time, for a benchmark to subtract its own start from (a process's
         # create_time can be off by half a second from time.time() in a container).
-        print(f"torchmem: first samples drawn at {time.time():.3f}", file=sys.stderr)
+        # To the terminal, not the Log pane: sys.stderr is the running script's meanwhile.
+        print(f"torchmem: first samples drawn at {time.time():.3f}", file=sys.__stderr__)
         # An attached run replays its history in one burst: let the views settle (ranges,
         # tables, the log) for a second before the picture is taken.
         QTimer.singleShot(1000, grab)
@@ -58,7 +59,7 @@ def screenshot_when_drawn(window: MainWindow, path: str, samples: int) -> None:
         print(
             f"torchmem: screenshot {'saved to' if ok else 'FAILED for'} {path} "
             f"after {window.plot.samples_drawn} samples",
-            file=sys.stderr,
+            file=sys.__stderr__,
         )
         window.close()
 

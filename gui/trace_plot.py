@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, Signal, Slot
-from PySide6.QtGui import QColor, QPalette, QPen
-from PySide6.QtWidgets import QWidget
+from PySide6.QtGui import QColor, QPalette, QPen, QResizeEvent
+from PySide6.QtWidgets import QGraphicsItem, QWidget
 
 from torchmem.events import MarkerKind, Severity
 from torchmem.series import COUNT_METRICS, METRICS, series_label, split_key, split_scope
@@ -28,11 +28,14 @@ COLORS = {
     "rss": "#2ca02c",
     "uss": "#17becf",
     "available": "#8c8c8c",
+    "heap_free": "#8c564b",
 }
-DASHED = {"peak_allocated", "available"}
-HIDDEN_BY_DEFAULT = {"available"}
+DASHED = {"peak_allocated", "available", "heap_free"}
+HIDDEN_BY_DEFAULT = {"available", "heap_free"}
 MARKER_COLORS = {MarkerKind.EPOCH: "#e377c2", MarkerKind.USER: "#bcbd22"}
 MAX_STEP_TICKS = 400
+#: The legend's columns when the width allows (fewer in a narrow window).
+LEGEND_COLUMNS = 4
 #: Above this many points in view a trace is drawn 1 px wide instead of 2: Qt's raster
 #: engine draws wide lines segment by segment, and 8 dense wide traces took 107 ms a frame
 #: (9 frames/s) against 40-70 ms at 1 px (benchmarks/gui_speed.py). A dense trace looks
@@ -120,7 +123,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
 
         # The legend gets its own row so that it never hides a trace; click an entry to
         # hide or show that trace.
-        self.legend = pg.LegendItem(colCount=4, labelTextSize="9pt", horSpacing=18)
+        self.legend = pg.LegendItem(colCount=LEGEND_COLUMNS, labelTextSize="9pt", horSpacing=18)
         self.addItem(self.legend, row=0, col=0)
         self.readout = pg.LabelItem(
             "Hover over the traces to read every value", justify="left", size="9pt"
@@ -170,6 +173,13 @@ class TracePlot(pg.GraphicsLayoutWidget):
             line.setVisible(False)
             plot.addItem(line, ignoreBounds=True)
             self._crosshairs.append(line)
+        # An axis replays its picture (ticks, grid lines across the plot, tick text) on
+        # every paint, about 10 ms a frame of the 17 ms; cached as a pixmap, it is
+        # re-rendered only when its range or style changes (AxisItem.update()). 56 -> 124
+        # frames/s with 8 traces scrolling (benchmarks/gui_speed.py).
+        for plot in (*self.plots.values(), self.steps_plot):
+            for name in ("left", "bottom"):
+                plot.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self._mouse_proxy = pg.SignalProxy(
             self.scene().sigMouseMoved, rateLimit=30, slot=self._hover
         )
@@ -296,6 +306,29 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.follow = True
         self.follow_changed.emit(True)
 
+    def resizeEvent(self, event: QResizeEvent | None) -> None:
+        """Re-flow the legend to the new width."""
+        super().resizeEvent(event)
+        # pyqtgraph resizes once while the view is built (no legend yet) and once as it
+        # closes, after its scene cleared the legend's items.
+        if hasattr(self, "legend") and not getattr(self, "closed", False):
+            self._fit_legend()
+
+    def _fit_legend(self) -> None:
+        """As many legend columns as the width holds, and the legend's row as tall as its
+        rows: a legend wider than the view would widen the plots past the window's edge."""
+        items = self.legend.items
+        if not items:
+            return
+        # The text's own width: a label's box is stretched to its column's.
+        widest = max(s.boundingRect().width() + lb.item.boundingRect().width() for s, lb in items)
+        room = max(self.width() - 40, 1)
+        columns = max(1, min(len(items), LEGEND_COLUMNS, int(room // (widest + 18))))
+        if columns != self.legend.columnCount:
+            self.legend.setColumnCount(columns)
+        rows = -(-len(items) // columns)
+        self.ci.layout.setRowMaximumHeight(0, 8 + 22 * rows)
+
     def _curve(self, key: str) -> pg.PlotDataItem:
         curve = self._curves.get(key)
         if curve is None:
@@ -316,6 +349,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
             else:
                 curve = plot.plot([], [], pen=pen, name=series_label(key), skipFiniteCheck=True)
             self.legend.addItem(curve, series_label(key))
+            self._fit_legend()
             curve.setToolTip(METRICS[metric].tooltip if metric in METRICS else key)
             scope = self.scope
             if metric in HIDDEN_BY_DEFAULT or (scope is not None and split_scope(key)[0] != scope):

@@ -9,7 +9,8 @@ import time
 
 import numpy as np
 import pytest
-from PySide6.QtWidgets import QApplication
+from PySide6.QtGui import QImage
+from PySide6.QtWidgets import QApplication, QGraphicsItem
 
 from torchmem.events import RunStatus, Sample
 from torchmem.gui.bridge import REDRAW_HZ
@@ -411,6 +412,68 @@ def test_only_the_newest_marker_lines_are_kept(qtbot, window):
     kept = sum(len(lines) for _, lines in window.plot._marker_lines)
     alive = sum(type(o) is pg.InfiniteLine for o in gc.get_objects())  # no proxy asked
     assert alive - kept < 10, f"{alive - kept} lines left alive"  # 3: the hover lines
+
+
+def test_the_cached_axes_still_redraw_when_the_traces_move(qtbot, window, monkeypatch):
+    """The axes are cached as pixmaps (a frame costs a third): the cache must be dropped
+    whenever the range moves, or the tick labels would stay those of the first frame."""
+    from PySide6.QtCore import QRect
+
+    session, plot = window.session, window.plot
+    for i in range(50):
+        session.submit(Sample(i * 0.1, {"cpu/rss": 100e6 + i * 1e6}))
+    plot.refresh(force=True)
+    axis = plot.plots["host"].getAxis("left")
+
+    def axis_pixels() -> tuple[QImage, list]:
+        QApplication.processEvents()
+        rect = plot.mapFromScene(axis.sceneBoundingRect()).boundingRect()
+        image = plot.grab(QRect(rect.x(), rect.y(), 70, rect.height())).toImage()
+        return image, [t for _, t in axis.tickValues(*axis.range, axis.height())]
+
+    before, ticks_before = axis_pixels()
+    for i in range(50, 100):  # the run grows tenfold: the y range must follow
+        session.submit(Sample(i * 0.1, {"cpu/rss": 1e9 + i * 1e7}))
+    plot.refresh(force=True)
+    after, ticks_after = axis_pixels()
+    assert axis.cacheMode() == QGraphicsItem.CacheMode.DeviceCoordinateCache
+    assert ticks_after != ticks_before
+    assert after != before, "the axis shows the old tick labels"
+    # And a frame where nothing moved does not paint the axes again.
+    import pyqtgraph as pg
+
+    painted = []
+    paint = pg.AxisItem.paint
+    monkeypatch.setattr(pg.AxisItem, "paint", lambda *a: painted.append(1) or paint(*a))
+    plot.grab()
+    assert not painted
+
+
+def test_the_legend_wraps_to_the_width_and_never_widens_the_plots(qtbot):
+    """Eight series in a narrow window: the legend takes more rows, not more width (a
+    legend wider than the view pushed the plots' right edge out of the window)."""
+    from torchmem.gui.trace_plot import TracePlot
+    from torchmem.session import Session
+
+    session = Session()
+    plot = TracePlot(session)
+    qtbot.addWidget(plot)
+    plot.resize(460, 500)
+    plot.show()
+    keys = ("cuda:0/allocated", "cuda:0/reserved", "cuda:0/peak_allocated", "cuda:0/nvml_used",
+            "cpu/rss", "cpu/uss", "cpu/heap_free", "system/available")  # fmt: skip
+    for i in range(20):
+        session.submit(Sample(i * 0.1, dict.fromkeys(keys, 1e9 + i * 1e6)))
+    plot.refresh(force=True)
+    QApplication.processEvents()
+    legend = plot.legend.sceneBoundingRect()
+    assert legend.width() <= plot.width() and len(plot.legend.items) == len(keys)
+    assert plot.plots["host"].sceneBoundingRect().right() <= plot.width()
+    rows = -(-len(keys) // plot.legend.columnCount)
+    assert rows >= 2 and legend.height() >= rows * 18, "a row of the legend is cut off"
+    plot.resize(1400, 500)
+    QApplication.processEvents()
+    assert plot.legend.columnCount == 4
 
 
 def test_a_stale_reading_is_never_shown_as_now(qtbot, window):

@@ -64,31 +64,11 @@ def results(tmp_path_factory):
     # step 36 instead of 26 (once in CI).
     with ThreadPoolExecutor(max_workers=1) as pool:
         found = dict(zip(names, pool.map(lambda n: _run(n, tmp), names), strict=True))
-    # Known weakness, measured: on a loaded 2-core runner, process RSS creeps on its own
-    # (a plateaued cache read +1.83 MiB/step once, over the 1.5 MiB/step RSS threshold;
-    # a 1.7 MiB/step leak came at step 34). A script whose outcome is off is run once
-    # more, and the test judges the second run: a systematic miss still fails. Both runs
-    # are printed, so the rate stays visible until the detector is fixed for it.
-    for name in names:
-        if not _as_expected(name, found[name]):
-            print(f"\n[leak] {name}: off on the first run, run again: {_outcome(found[name])}")
-            found[name] = _run(name, tmp)
     return found
 
 
 def _leak_alerts(data: dict) -> list[dict]:
     return [a for a in data["alerts"] if a["kind"] == "leak"]
-
-
-def _as_expected(name: str, data: dict) -> bool:
-    if name in EXPECTED:
-        leaks = _leak_alerts(data)
-        return bool(leaks) and leaks[0]["raised_at_step"] <= 30
-    return data["alerts"] == []
-
-
-def _outcome(data: dict) -> str:
-    return "; ".join(f"{a['message']} (step {a.get('raised_at_step')})" for a in data["alerts"])
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import pytest
 
 from torchmem.events import Alert, CensusTaken, Marker, MarkerKind, RunStarted, Sample
 from torchmem.leaks.culprits import name_pattern
@@ -124,3 +127,43 @@ def test_culprits_come_from_censuses_taken_while_growth_is_suspected():
     assert "container `kept`" in message
     assert "deque(maxlen=N)" in alerts[-1].suggestion
     assert name_pattern("kept[17]") == "kept[#]"
+
+
+def test_rss_that_creeps_with_the_heaps_free_bytes_is_no_leak():
+    """glibc keeps freed chunks: RSS creeps 2 MiB a step with malloc's free bytes, and
+    nothing leaks. The same RSS with the free bytes flat is a leak."""
+    creep, alerts = make()
+    for step in range(80):
+        free = 40 * MiB + 2 * MiB * step
+        creep.on_event(
+            Sample(step * 0.1, {"cpu/rss": 500 * MiB + free, "cpu/heap_free": free}, step)
+        )
+    assert alerts == []
+    leak, alerts = make()
+    for step in range(80):
+        values = {"cpu/rss": 540 * MiB + 2 * MiB * step, "cpu/heap_free": 40 * MiB}
+        leak.on_event(Sample(step * 0.1, values, step))
+    raised = [a for a in alerts if a.kind == "leak"]
+    assert raised and abs(raised[0].per_step - 2 * MiB) < 0.1 * MiB
+
+
+def test_the_heaps_free_bytes_are_read_in_this_process():
+    from torchmem.probe.backends import ProcessBackend
+    from torchmem.probe.heap import heap_free_reader
+
+    if heap_free_reader() is None:
+        pytest.skip("malloc does not tell its free bytes here (not glibc 2.33+)")
+    out: dict[str, float] = {}
+    ProcessBackend().read(out, full=False)
+    assert 0 <= out["cpu/heap_free"] < out["cpu/rss"]
+    # Blocks freed between blocks still held cannot go back to the system: malloc keeps
+    # them, and says so.
+    blocks = [bytearray(60_000) for _ in range(200)]
+    before = heap_free_reader()()
+    held = blocks[1::2]
+    del blocks
+    after = heap_free_reader()()
+    assert after - before >= 0.9 * 100 * 60_000, (before, after)
+    del held
+    # Another process's heap cannot be read from here.
+    assert heap_free_reader(os.getppid()) is None

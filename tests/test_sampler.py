@@ -107,3 +107,25 @@ def test_accelerator_backend_reads_counters_only_once_initialised(stub_cuda):
 def test_discovery_on_this_machine_has_host_memory():
     kinds = [b.kind for b in discover_backends()]
     assert kinds[0] == "cpu"
+
+
+def test_rss_comes_from_a_kept_open_statm_and_a_dead_process_still_says_so():
+    import subprocess
+    import sys
+
+    import psutil
+    import pytest
+
+    backend = ProcessBackend()
+    out: dict[str, float] = {}
+    backend.read(out, full=False)
+    assert abs(out["cpu/rss"] - psutil.Process().memory_info().rss) < 8 << 20
+    ballast = bytearray(64 << 20)  # touched: RSS must follow at the next reading
+    backend.read(out, full=False)
+    assert out["cpu/rss"] >= psutil.Process().memory_info().rss - (8 << 20)
+    del ballast
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    other = ProcessBackend(child.pid)
+    child.wait()
+    with pytest.raises(psutil.NoSuchProcess):
+        other.read({}, full=False)

@@ -21,14 +21,23 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
     return pairs
 
 
-def trailing_floor(y: np.ndarray, span: int) -> np.ndarray:
-    """Trailing minimum of ``y`` over ``span`` points (shorter at the start)."""
+def trailing_floor(y: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
+    """Trailing minimum of ``y`` over ``span`` points (shorter at the start), and where
+    each minimum was read (its index in ``y``, the oldest of equal ones).
+
+    A floor belongs at the reading it came from: placed at the newest reading instead,
+    a rising series starts with ``span`` copies of its first value, flat, and the slope
+    over a short window reads low (a 2 MiB/step leak read 1.27 at step 26 when readings
+    came every third step).
+    """
+    index = np.arange(len(y))
     if span <= 1 or len(y) < 2:
-        return y
+        return y, index
     windows = np.lib.stride_tricks.sliding_window_view(
         np.concatenate((np.full(span - 1, np.inf), y)), span
     )
-    return windows.min(axis=1)
+    where = index - (span - 1) + windows.argmin(axis=1)
+    return y[where], where
 
 
 def theil_sen(x: np.ndarray, y: np.ndarray) -> float:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import weakref
 from types import ModuleType
 from typing import Any
 
 import psutil
+
+from torchmem.probe.heap import heap_free_reader
 
 
 class MemoryBackend:
@@ -57,8 +60,19 @@ class MemoryBackend:
         raise NotImplementedError(f"{self.kind} has no allocation history")
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _open_statm(pid: int) -> int | None:
+    try:
+        return os.open(f"/proc/{pid}/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:  # not Linux, or no /proc
+        return None
+
+
 class ProcessBackend(MemoryBackend):
-    """Host memory: process RSS, USS (at most every ``uss_every_s``), system available."""
+    """Host memory: process RSS, USS (at most every ``uss_every_s``), system available,
+    and the C heap's free bytes (``cpu/heap_free``) where malloc tells (this process, glibc)."""
 
     kind = "cpu"
 
@@ -67,6 +81,20 @@ class ProcessBackend(MemoryBackend):
         self.uss_every_s = uss_every_s
         self._next_uss = 0.0
         self._uss_ok = True
+        self._heap_free = heap_free_reader(self.process.pid)
+        self._statm = _open_statm(self.process.pid)
+        if self._statm is not None:
+            weakref.finalize(self, os.close, self._statm)
+
+    def _rss(self) -> int:
+        """RSS from /proc/PID/statm, kept open: 4.5 us a reading inside a training loop,
+        where psutil's memory_info (open, read, close) took 67 us, which spaced the step
+        boundaries' readings out on 5 ms steps. psutil elsewhere, and for a dead process
+        (its NoSuchProcess is what callers expect)."""
+        if self._statm is not None:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                return int(os.pread(self._statm, 128, 0).split()[1]) * _PAGE
+        return self.process.memory_info().rss
 
     def read(self, out: dict[str, float], full: bool = True) -> None:
         rss = uss = None
@@ -79,9 +107,11 @@ class ProcessBackend(MemoryBackend):
                 rss, uss = info.rss, min(info.uss, info.rss)
             except (psutil.AccessDenied, AttributeError, NotImplementedError):
                 self._uss_ok = False
-        out["cpu/rss"] = float(rss if rss is not None else self.process.memory_info().rss)
+        out["cpu/rss"] = float(rss if rss is not None else self._rss())
         if uss is not None:
             out["cpu/uss"] = float(uss)
+        if self._heap_free is not None:  # at every reading: the leak detector nets RSS with it
+            out["cpu/heap_free"] = float(self._heap_free())
         if not full:
             return
         out["system/available"] = float(psutil.virtual_memory().available)
