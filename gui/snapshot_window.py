@@ -51,7 +51,9 @@ CATEGORY_COLORS = {
     "activation": "#e15759",
     "other": "#bab0ab",
 }
-COLUMNS = ("Allocated by", "Bytes", "Allocations", "Kind")
+COLUMNS = ("Allocated by", "Bytes", "Allocations", "Kind", "Tensors")
+#: Names shown in a row of the Tensors column (all of them in its tooltip).
+NAMES_SHOWN = 3
 DIFF_COLUMNS = ("Allocated by", "Here", "Compared", "Change", "Kind")
 MiB = 1 << 20
 
@@ -149,6 +151,12 @@ class SnapshotWindow(QMainWindow):
         self.table.setEditTriggers(QTableWidget.NoEditTriggers)
         self.table.setSelectionBehavior(QTableWidget.SelectRows)
         self.table.setToolTip("Allocations live at the chosen moment, by the line that made them")
+        self.table.horizontalHeaderItem(len(COLUMNS) - 1).setToolTip(
+            "The tensors these allocations held, from the censuses torchmem took in the run "
+            "that saved the snapshot (matched by address, at a moment both were live)"
+        )
+        # Only snapshots torchmem saved during a run with censuses have names.
+        self.table.setColumnHidden(len(COLUMNS) - 1, not index.tensor_names)
         self.table.currentCellChanged.connect(self._show_stack)
         self.stack_view = QPlainTextEdit()
         self.stack_view.setReadOnly(True)
@@ -238,7 +246,10 @@ class SnapshotWindow(QMainWindow):
             f"{index.meta.get('events', 0):,} events · peak active {format_bytes(peak)} at "
             f"{(when - self.t0) / 1e6:.3f} s · at the end {format_bytes(seg.reserved)} "
             f"reserved in {seg.segments} segments"
-        )
+            + (f" · {len(index.tensor_names):,} allocations named by the run's censuses"
+               if index.tensor_names else "")
+            + (f" · {index.meta['names_note']}" if index.meta.get("names_note") else "")
+        )  # fmt: skip
         self.set_moment(event)
 
     def set_moment(self, event: int) -> None:
@@ -254,13 +265,18 @@ class SnapshotWindow(QMainWindow):
         self.groups = analysis.by_owner(self.index, live, top=None)
         self.table.setRowCount(len(self.groups))
         for row, g in enumerate(self.groups):
-            cells = (g.frame, format_bytes(g.bytes), f"{g.count:,}", g.category)
+            shown = ", ".join(g.tensors[:NAMES_SHOWN])
+            if len(g.tensors) > NAMES_SHOWN:
+                shown += f" +{len(g.tensors) - NAMES_SHOWN} more"
+            cells = (g.frame, format_bytes(g.bytes), f"{g.count:,}", g.category, shown)
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if col in (1, 2):
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 if col == 0:
                     item.setToolTip("\n".join(g.stack))
+                if col == 4 and g.tensors:
+                    item.setToolTip("\n".join(g.tensors))
                 self.table.setItem(row, col, item)
         self.moment_label.setText(
             f"At {(when - self.t0) / 1e6:.6f} s: {format_bytes(int(active))} active in "
@@ -343,7 +359,10 @@ class SnapshotWindow(QMainWindow):
     def _show_stack(self, row: int, *_: int) -> None:
         if 0 <= row < len(self.groups):
             g = self.groups[row]
-            self.stack_view.setPlainText("\n".join(g.stack) or "(no stack was recorded)")
+            text = "\n".join(g.stack) or "(no stack was recorded)"
+            if g.tensors:
+                text = "Tensors: " + ", ".join(g.tensors) + "\n\n" + text
+            self.stack_view.setPlainText(text)
 
     @Slot(object)
     def _on_click(self, event: object) -> None:

@@ -318,6 +318,50 @@ def main() -> int:
         except Exception as exc:
             check("snapshot of a real run", False, f"{exc}: {r.stderr[-200:]} {info.stderr[-200:]}")
 
+    # 8. A snapshot saved by torchmem after a census: its allocations carry tensor names
+    #    (the census's Unix time against the trace's time_us: never run on a GPU before).
+    with tempfile.TemporaryDirectory() as tmp:
+        r = python(
+            f"""
+            import os
+            os.environ["TORCHMEM_SNAPSHOT_DIR"] = {tmp!r}
+            import torch
+            from torchmem.events import CensusTaken
+            from torchmem.session import Session
+            from torchmem.sources.inprocess import InProcessSource
+            from torchmem.tensors.walk import take_census
+            session = Session()
+            source = InProcessSource(session)
+            torch.zeros(1, device="cuda")
+            assert source.command("history_start")[0].ok
+            model = torch.nn.Linear(4096, 4096).cuda()
+            opt = torch.optim.Adam(model.parameters())
+            for _ in range(3):
+                model(torch.randn(256, 4096, device="cuda")).sum().backward()
+                opt.step(); opt.zero_grad(set_to_none=False)
+            census = take_census([("", {{"model": model, "opt": opt}})], step=3)
+            session.submit(CensusTaken(session.now(), 3, census, "user"))
+            (snap,) = source.command("snapshot")
+            print(snap.ok, snap.output)
+        """,
+            timeout=120,
+        )
+        try:
+            path = r.stdout.split()[-1]
+            info = subprocess.run(
+                [sys.executable, "-m", "torchmem", "snapshot", "info", "--json", path],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            data = json.loads(info.stdout)
+            names = sorted({n for g in data["top_stacks"] for n in g["tensors"]})
+            check(
+                "a torchmem snapshot names its allocations from the census",
+                data["named_allocations"] > 0 and any("model.weight" in n for n in names),
+                f"{data['named_allocations']} allocations named; {names[:4]}",
+            )
+        except Exception as exc:
+            check("snapshot names", False, f"{exc}: {r.stderr[-300:]}")
+
     table = "| check | result | detail |\n|---|---|---|\n" + "\n".join(
         f"| {n} | {'pass' if ok else 'FAIL'} | {d.replace('|', '/').strip()[:200]} |"
         for n, ok, d in rows

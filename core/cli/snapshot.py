@@ -53,6 +53,9 @@ def snapshot_info(index: SnapshotIndex, top: int = 10) -> dict[str, Any]:
         "top_stacks": main["top_stacks"] if main else [],
         "devices": devices,
         "allocator_settings": index.meta.get("allocator_settings", {}),
+        # Allocations named from torchmem's censuses (0 for a snapshot it did not save).
+        "named_allocations": len(index.tensor_names),
+        "names_note": index.meta.get("names_note", ""),
     }
 
 
@@ -106,6 +109,12 @@ def _text(data: dict[str, Any]) -> str:
                 f"  {format_bytes(g['bytes']):>10} in {g['count']:>5,}  {g['category']:<15} "
                 f"{g['frame']}"
             )
+            if g["tensors"]:
+                more = len(g["tensors"]) - 3
+                names = ", ".join(g["tensors"][:3]) + (f" +{more} more" if more > 0 else "")
+                lines.append(f"  {'':>10}    {'':>5}  {'':<15} tensors: {names}")
+    if data.get("names_note"):
+        lines.append(f"note: {data['names_note']}")
     return "\n".join(lines)
 
 

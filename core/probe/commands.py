@@ -8,11 +8,13 @@ These run only when a user asks; the sampler never calls them on its own.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torchmem.events import CommandResult
 from torchmem.probe.backends import MemoryBackend
@@ -174,10 +176,15 @@ def allocation_history(
 
 
 def save_snapshot(
-    backends: Sequence[MemoryBackend], now: Callable[[], float], folder: Path
+    backends: Sequence[MemoryBackend],
+    now: Callable[[], float],
+    folder: Path,
+    names: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> CommandResult:
     """Write a CUDA memory snapshot (segments, blocks, recorded history) into ``folder``,
-    for https://pytorch.org/memory_viz."""
+    for https://pytorch.org/memory_viz, and beside it (``names_path``) what ``names``
+    gives: the tensor names of the run's censuses, which the snapshot viewer matches to
+    allocations by address and time (memory_viz knows stacks only)."""
     recorder = _recorder(backends)
     if recorder is None:
         return CommandResult(now(), "snapshot", False, _NO_HISTORY)
@@ -197,7 +204,26 @@ def save_snapshot(
         "https://pytorch.org/memory_viz (it holds allocation stacks only while history "
         "is recorded)"
     )
+    censuses = names() if names is not None else []
+    if censuses:
+        try:
+            _write_json(names_path(path), {"version": 1, "censuses": censuses})
+            named = sum(len(c["storages"]) for c in censuses)
+            message += f"; the names of {named:,} tensors from the run's censuses beside it"
+        except OSError as exc:
+            message += f"; the tensor names could not be written ({exc.strerror})"
     return CommandResult(now(), "snapshot", True, message, output=str(path))
+
+
+def names_path(snapshot: str | os.PathLike[str]) -> Path:
+    """Where the tensor names of a snapshot written by torchmem are kept."""
+    return Path(snapshot).with_suffix(".names.json")
+
+
+def _write_json(path: Path, data: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, separators=(",", ":")))
+    tmp.replace(path)
 
 
 def snapshot_dir() -> Path:

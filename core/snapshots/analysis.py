@@ -95,6 +95,8 @@ class StackGroup:
     category: str
     #: The full stack of its largest allocation, innermost first.
     stack: list[str]
+    #: Tensor names of its allocations, largest first, where a census named them.
+    tensors: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """As ``torchmem snapshot info --json`` writes it."""
@@ -104,6 +106,7 @@ class StackGroup:
             "count": self.count,
             "category": self.category,
             "stack": self.stack,
+            "tensors": list(self.tensors),
         }
 
 
@@ -115,21 +118,43 @@ def by_owner(index: SnapshotIndex, rows: np.ndarray, top: int | None = 10) -> li
         stack = index.stacks[sid] if sid >= 0 else []
         groups.setdefault(owner(stack), []).append(row)
     out = []
+    names = index.tensor_names
     for frame, members in groups.items():
         sizes = index.al_size[members]
         largest = members[int(np.argmax(sizes))]
         sid = int(index.al_stack[largest])
         stack = index.stacks[sid] if sid >= 0 else []
-        out.append(StackGroup(frame, int(sizes.sum()), len(members), category(stack), stack))
+        by_size = [members[i] for i in np.argsort(-sizes, kind="stable").tolist()]
+        tensors = tuple(dict.fromkeys(names[r].name for r in by_size if r in names))
+        out.append(StackGroup(
+            frame, int(sizes.sum()), len(members), allocation_category(index, largest, stack),
+            stack, tensors,
+        ))  # fmt: skip
     out.sort(key=lambda g: -g.bytes)
     return out[:top] if top else out
+
+
+def allocation_category(index: SnapshotIndex, row: int, stack: list[str] | None = None) -> str:
+    """What allocation ``row`` is: its tensor's kind where a census named it, else the
+    guess from its stack."""
+    named = index.tensor_names.get(row)
+    if named is not None and named.category is not None:
+        return named.category
+    if stack is None:
+        sid = int(index.al_stack[row])
+        stack = index.stacks[sid] if sid >= 0 else []
+    return category(stack)
 
 
 def by_category(index: SnapshotIndex, rows: np.ndarray) -> dict[str, int]:
     """Live bytes of ``rows`` per category."""
     totals = dict.fromkeys(CATEGORIES, 0)
     cache: dict[int, str] = {}
+    names = index.tensor_names
     for row in rows.tolist():
+        if row in names and names[row].category is not None:
+            totals[names[row].category] += int(index.al_size[row])
+            continue
         sid = int(index.al_stack[row])
         if sid not in cache:
             cache[sid] = category(index.stacks[sid]) if sid >= 0 else "other"
@@ -191,6 +216,15 @@ def category_curves(
     owners[index.al_end[index.al_end < len(owners)]] = index.al_stack[index.al_end < len(owners)]
     freed = delta < 0
     cats[freed] = stack_cat[owners[rows[freed]]]
+    if index.tensor_names:  # a census's kind beats the stack's guess, alloc and free alike
+        named = np.full(len(index.ev_time), -1, dtype=np.int8)
+        for row, tensor in index.tensor_names.items():
+            if tensor.category is None:
+                continue
+            for event in (int(index.al_start[row]), int(index.al_end[row])):
+                if 0 <= event < len(named):
+                    named[event] = code[tensor.category]
+        cats = np.where(named[rows] >= 0, named[rows], cats)
     keep = thin(line.active, max_points)
     initial = by_category(index, np.flatnonzero((index.al_device == device) & (index.al_start < 0)))
     curves = {}

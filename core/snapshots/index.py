@@ -66,6 +66,9 @@ class SnapshotIndex:
     #: Interned stacks: each a list of "name (file:line)", innermost first.
     stacks: list[list[str]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Allocation row -> its tensor's name (a :class:`~torchmem.snapshots.names.TensorName`),
+    #: matched when the snapshot is opened; not saved in the index.
+    tensor_names: dict[int, Any] = field(default_factory=dict)
 
     @property
     def devices(self) -> list[int]:
@@ -91,7 +94,8 @@ class SnapshotIndex:
                 extra = json.loads(bytes(data["_extra"]).decode())
                 if extra.get("version") != INDEX_VERSION:
                     return None
-                names = [f for f in cls.__dataclass_fields__ if f not in ("stacks", "meta")]
+                kept = ("stacks", "meta", "tensor_names")
+                names = [f for f in cls.__dataclass_fields__ if f not in kept]
                 arrays = {name: data[name] for name in names}
         except (OSError, ValueError, KeyError, EOFError):
             return None

@@ -25,6 +25,7 @@ from pathlib import Path
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.record.library import sessions_dir
 from torchmem.snapshots.index import ACTIONS, SnapshotIndex, build_index, index_scanned
+from torchmem.snapshots.names import match_names, read_names
 from torchmem.snapshots.read import SnapshotError, read_snapshot
 from torchmem.snapshots.scan import scan_snapshot
 
@@ -103,13 +104,22 @@ def open_snapshot(
     if saved is not None:
         if progress is not None:
             progress(1.0)
-        return saved
+        return _with_names(saved, path)
     if not isolated:
-        return index_snapshot(path, target, progress)
+        return _with_names(index_snapshot(path, target, progress), path)
     _in_worker(Path(path), target, progress, cancel or threading.Event())
     index = SnapshotIndex.load(target)
     if index is None:
         raise SnapshotError(f"the index of {path} could not be read back from {target}")
+    return _with_names(index, path)
+
+
+def _with_names(index: SnapshotIndex, path: str | Path) -> SnapshotIndex:
+    """``index`` with its allocations' tensor names, where torchmem saved them beside."""
+    censuses, note = read_names(path)
+    index.tensor_names = match_names(index, censuses) if censuses else {}
+    if note:
+        index.meta["names_note"] = note
     return index
 
 

@@ -116,7 +116,9 @@ class InProcessSource:
             "census": self._census_command,
             "history_start": lambda now: self._history(now, record=True),
             "history_stop": lambda now: self._history(now, record=False),
-            "snapshot": lambda now: save_snapshot(self.backends, now, snapshot_dir()),
+            "snapshot": lambda now: save_snapshot(
+                self.backends, now, snapshot_dir(), self._snapshot_names
+            ),
         }
 
     @property
@@ -344,7 +346,24 @@ class InProcessSource:
             namespaces.clear()
         self.session.submit(CensusTaken(self.session.now(), self.steps, result, "oom"))
         if self._history_on:
-            self.session.submit(save_snapshot(self.backends, self.session.now, snapshot_dir()))
+            self.session.submit(
+                save_snapshot(self.backends, self.session.now, snapshot_dir(), self._snapshot_names)
+            )
+
+    def _snapshot_names(self) -> list[dict[str, Any]]:
+        """The accelerator storages of the newest censuses, by address, with the Unix
+        time each census was taken (in µs, the clock of a snapshot's ``time_us``)."""
+        out = []
+        for event in reversed([e for e in self.session.censuses() if e is not None]):
+            unix_us = int((time.time() - (self.session.now() - event.t)) * 1e6)
+            storages = [
+                [s.device, s.key[1], s.nbytes, s.name, s.kind]
+                for s in event.census.storages.values()
+                if s.device != "cpu"
+            ]
+            if storages:
+                out.append({"unix_us": unix_us, "step": event.step, "storages": storages})
+        return out
 
     def _reset_peaks(self, now: Callable[[], float]) -> CommandResult:
         peaks = {k: p for k, (_, p) in self.session.latest().items()}
