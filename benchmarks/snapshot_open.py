@@ -157,6 +157,16 @@ def main() -> None:
         cold <= 15 if full_size else None,
         how,
     )
+    # The generator's answer, computed independently of the reader: one forward pass of
+    # 24 activations of (1 + layer % 4) MiB is live at once, at its last allocation.
+    expected = sum((1 + layer % 4) * MiB for layer in range(24))
+    device = data["devices"][0] if data["devices"] else {"live_at_peak": 0}
+    right = data["peak_active_bytes"] == expected and device["live_at_peak"] == 24
+    report.row(
+        "snapshot: peak and live set equal the generator's",
+        f"{format_bytes(data['peak_active_bytes'])}, {device['live_at_peak']} live",
+        f"= {format_bytes(expected)}, 24 live", right, how,
+    )  # fmt: skip
     report.row("snapshot: reopen from the index", f"{warm:.2f} s", "<= 2 s", warm <= 2, how)
     report.row("snapshot: index + views, peak RSS", format_bytes(view_peak),
                "<= 1.5 GiB", view_peak <= 1.5 * (1 << 30), how)  # fmt: skip
