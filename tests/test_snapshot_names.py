@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from snapshot_files import ACTIVATION, GRADIENT, PARAM, MiB, alloc, frames, free, write
+from snapshot_files import ACTIVATION, GRADIENT, PARAM, MiB, alloc, frames, free, segment, write
 
 from torchmem.events import CensusTaken
 from torchmem.probe.backends import ProcessBackend, TorchAllocatorBackend
@@ -116,6 +116,9 @@ def test_a_damaged_names_file_is_a_note_not_a_failure(tmp_path, monkeypatch):
     assert "note: the tensor names beside it (snap.names.json) could not be read" in r.stdout
     index = open_snapshot(path, isolated=False)
     assert index.tensor_names == {} and "could not be read" in index.meta["names_note"]
+    names_path(path).write_text(json.dumps({"censuses": [census(T0 + 45, 1, ("cuda:0", 1))]}))
+    index = open_snapshot(path, isolated=False)  # a row of the wrong shape
+    assert index.tensor_names == {} and "could not be read" in index.meta["names_note"]
 
 
 def test_a_snapshot_saved_by_torchmem_carries_the_censuses_names(stub_cuda, tmp_path, monkeypatch):
@@ -166,3 +169,15 @@ def test_the_window_shows_the_names_column_only_when_there_are_names(qtbot, tmp_
     assert window.stack_view.toPlainText().startswith("Tensors: ")
     assert "allocations named by the run's censuses" in window.facts.text()
     assert np.all(named_index.al_size > 0)
+
+
+def test_blocks_of_a_snapshot_without_a_trace_are_named_too():
+    """A snapshot taken with history off has segments and blocks, no events: what a
+    census found at a block's address names it."""
+    snapshot = {
+        "segments": [segment(0x1000, [(0x1000, 4 * MiB, "active_allocated")])],
+        "device_traces": [[]],
+    }
+    index = build_index(snapshot)
+    names = match_names(index, CENSUSES[:1])
+    assert [n.name for n in names.values()] == ["model.fc.weight"]

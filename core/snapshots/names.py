@@ -65,12 +65,10 @@ def match_names(index: SnapshotIndex, censuses: list[dict]) -> dict[int, TensorN
     """Allocation row -> the name of the storage at its address in a census taken while it
     was live (the newest such census)."""
     n = len(index.ev_time)
-    times = np.asarray(index.ev_time, dtype=np.float64)
-    start = np.where(index.al_start >= 0, times[np.clip(index.al_start, 0, max(n - 1, 0))], -np.inf)
-    end = np.where(index.al_end < n, times[np.clip(index.al_end, 0, max(n - 1, 0))], np.inf)
-    if n == 0:
-        start = np.full(len(index.al_start), -np.inf)
-        end = np.full(len(index.al_end), np.inf)
+    # Live before the trace began (start -1) or still live at its end (end n): unbounded.
+    times = np.r_[np.asarray(index.ev_time, dtype=np.float64), np.inf]
+    start = np.where(index.al_start >= 0, times[np.clip(index.al_start, 0, n)], -np.inf)
+    end = times[np.clip(index.al_end, 0, n)]
     found: dict[int, TensorName] = {}
     for census in sorted(censuses, key=lambda c: int(c["unix_us"])):  # newest last: it wins
         moment = float(census["unix_us"])

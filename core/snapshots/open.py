@@ -117,7 +117,11 @@ def open_snapshot(
 def _with_names(index: SnapshotIndex, path: str | Path) -> SnapshotIndex:
     """``index`` with its allocations' tensor names, where torchmem saved them beside."""
     censuses, note = read_names(path)
-    index.tensor_names = match_names(index, censuses) if censuses else {}
+    try:
+        index.tensor_names = match_names(index, censuses) if censuses else {}
+    except (ValueError, TypeError, KeyError) as exc:  # a row of the wrong shape
+        index.tensor_names = {}
+        note = f"the tensor names beside it could not be read: {exc}"
     if note:
         index.meta["names_note"] = note
     return index
