@@ -114,3 +114,20 @@ def test_a_rank_out_of_memory_is_an_oom_trial_and_the_fullest_rank_counts():
     summary.update(job_outcome([rank(0), rank(1, "out of memory", "CUDA out of memory")]))
     trial = measured_trial(plan, 64, 1, 0, None, summary, "", 9.0)
     assert trial.oom and trial.message == "rank 1: CUDA out of memory"
+
+
+def test_a_job_that_fails_in_its_launcher_says_the_launchers_error():
+    """No rank reports a failure, torchrun exits 1: the message carries its error line,
+    not only "exited with code 1"."""
+    from torchmem.tuning.trial import TrialPlan, measured_trial
+
+    plan = TrialPlan("torchrun", ("train.py",), "--batch-size", budget_bytes=1 << 30, job=True)
+    stderr = (
+        "Traceback (most recent call last):\n"
+        '  File "elastic/agent/server/api.py", line 900, in _invoke_run\n'
+        "torch.distributed.elastic.rendezvous.api.RendezvousClosedError: the store closed\n"
+        "torchmem: torchrun… exited with code 1 after 3.1 s; 2 process(es) with torch\n"
+    )
+    trial = measured_trial(plan, 4, 1, 1 << 28, None, {"ranks": [{}, {}]}, stderr, 3.1)
+    assert not trial.ok and not trial.oom
+    assert "exited with code 1" in trial.message and "RendezvousClosedError" in trial.message

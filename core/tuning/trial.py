@@ -432,7 +432,18 @@ def _failure(plan: TrialPlan, code: int, summary: dict[str, Any], stderr: str) -
         with contextlib.suppress(ValueError):
             return f"the trial was killed by {signal.Signals(-code).name}"
     message = str(summary.get("message") or "").strip()
-    tail = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+    lines = stderr.strip().splitlines()
+    tail = lines[-1] if lines else ""
+    if plan.job and not message:
+        # No rank reported a failure: the launcher did. Its last error line says what,
+        # where torchmem's own summary line (the tail) only says "exited with code 1".
+        cause = next(
+            (line.strip() for line in reversed(lines)
+             if "error" in line.lower() and not line.startswith("torchmem:")),
+            "",
+        )  # fmt: skip
+        if cause:
+            return f"{tail} ({cause[:300]})" if tail else cause[:300]
     return message or tail or f"exit code {code}"
 
 
