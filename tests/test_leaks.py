@@ -167,3 +167,35 @@ def test_the_heaps_free_bytes_are_read_in_this_process():
     del held
     # Another process's heap cannot be read from here.
     assert heap_free_reader(os.getppid()) is None
+
+
+def test_when_the_free_bytes_stop_coming_the_rss_trend_starts_again():
+    """A reading without the heap's free bytes (too costly to read in a large heap) is of
+    another quantity: mixing it with net readings would invent a jump of the free bytes."""
+    detector, alerts = make()
+    for step in range(40):  # flat net RSS: 500 MiB of RSS, 100 MiB of it free
+        detector.on_event(
+            Sample(step * 0.1, {"cpu/rss": 600 * MiB, "cpu/heap_free": 100 * MiB}, step)
+        )
+    for step in range(40, 80):  # the same memory, RSS alone from now on
+        detector.on_event(Sample(step * 0.1, {"cpu/rss": 600 * MiB}, step))
+    assert alerts == []  # a 100 MiB step in the readings, yet no leak
+    assert next(iter(detector._trends["cpu/rss"].steps)) == 40.0
+
+
+def test_a_slow_heap_reading_is_given_up_after_three_in_a_row(monkeypatch):
+    import time as time_module
+
+    from torchmem.probe.backends import ProcessBackend
+
+    backend = ProcessBackend()
+    if backend._heap_free is None:
+        pytest.skip("malloc does not tell its free bytes here (not glibc 2.33+)")
+    clock = iter(range(0, 10_000, 1))  # each thread_time() call 1 s after the last: slow
+    monkeypatch.setattr(time_module, "thread_time", lambda: float(next(clock)))
+    seen = []
+    for _ in range(4):
+        out: dict[str, float] = {}
+        backend.read(out, full=False)
+        seen.append("cpu/heap_free" in out)
+    assert seen == [True, True, False, False] and "cpu/rss" in out

@@ -124,6 +124,8 @@ class _Trend:
         self.quiet = 0
         self.updates = 0
         self.evaluated_at = -1e9
+        #: Whether the readings are RSS net of the C heap's free bytes (None: none yet).
+        self.netted: bool | None = None
 
 
 class LeakDetector:
@@ -201,6 +203,15 @@ class LeakDetector:
             trend = self._trends.get(key)
             if trend is None:
                 trend = self._trends[key] = _Trend(s.window)
+            device, metric = split_key(key)
+            netted = metric == "rss" and f"{device}/heap_free" in sample.values
+            if trend.netted is not None and netted != trend.netted:
+                # The free bytes stopped coming (too costly to read in this process): the
+                # readings before are of another quantity, so the trend starts again.
+                trend.steps.clear()
+                trend.values.clear()
+                trend.times.clear()
+            trend.netted = netted
             trend.steps.append(float(step))
             trend.values.append(value)
             trend.times.append(sample.t)

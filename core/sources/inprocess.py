@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -406,6 +407,7 @@ class BoundaryClock:
         self.pace = pace
         self.read_cost = 0.0
         self._skipped = 0
+        self._costs: deque[float] = deque(maxlen=15)
 
     def due(self) -> bool:
         """True when this step boundary gets a reading (the pace is fed by the caller)."""
@@ -421,9 +423,9 @@ class BoundaryClock:
 
     def cost(self, seconds: float) -> None:
         """Record what one boundary reading took (CPU seconds of the script's thread)."""
-        # A single slow reading (a lazy import, a page fault) must not throttle for long.
-        if self.read_cost:
-            seconds = min(seconds, 4 * self.read_cost)
-            self.read_cost = 0.8 * self.read_cost + 0.2 * seconds
-        else:
-            self.read_cost = seconds
+        # The median of the last readings: a reading that happened to run a garbage
+        # collection of a large heap (tens of ms) or a lazy import must not throttle the
+        # next ones. A moving average let such spikes space readings 10 to 20 steps apart
+        # in the window's process late in a long test run, and its leak went unreported.
+        self._costs.append(seconds)
+        self.read_cost = sorted(self._costs)[len(self._costs) // 2]
