@@ -60,7 +60,7 @@ BENCHES = (
     Bench("week", "gui_week.py", "the window's RSS over a simulated week of samples",
           ("--days", "7", "--hz", "10"), ("--days", "7", "--hz", "0.2", "--every", "60")),
     Bench("log", "log_flood.py", "300,000 printed lines in the window vs headless",
-          (), ("--lines", "20000")),
+          (), ("--lines", "20000", "--rounds", "1")),
     Bench("snapshot", "snapshot_open.py", "opening a memory snapshot of 1 GiB and more",
           (), ("--events", "100000")),
     Bench("tune", "tune_search.py", "batch-size search vs Lightning and Accelerate",

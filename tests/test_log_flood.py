@@ -22,6 +22,63 @@ def test_a_flood_of_writes_becomes_few_events_with_every_character_in_order():
     assert "".join(e.text for e in events) == "".join(f"line {i}\n" for i in range(20_000))
 
 
+def logs_text(events: list) -> str:
+    return "".join(e.text for e in events if isinstance(e, LogRecord))
+
+
+class _Terminal:
+    """A terminal that counts the writes it gets (each one a system call, which lets the
+    GUI thread take the GIL from the script)."""
+
+    def __init__(self, log: list[tuple[str, str]], name: str) -> None:
+        self.log, self.name, self.writes = log, name, 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        self.log.append((self.name, text))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_flood_reaches_the_terminal_whole_in_order_and_in_few_writes(tmp_path, monkeypatch):
+    script = tmp_path / "flood.py"
+    script.write_text(
+        "import sys\n"
+        "for i in range(20000):\n"
+        "    print(f'line {i}', flush=True)\n"
+        "    if i % 5000 == 0:\n"
+        "        print(f'warning {i}', file=sys.stderr)\n"
+    )
+    seen: list[tuple[str, str]] = []
+    out, err = _Terminal(seen, "out"), _Terminal(seen, "err")
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setattr("sys.stderr", err)
+    events: list = []
+    assert ScriptRunner(script, emit=events.append).run().exit_code == 0
+    expected = []
+    for i in range(20000):
+        expected.append(("out", f"line {i}\n"))
+        if i % 5000 == 0:
+            expected.append(("err", f"warning {i}\n"))
+    joined: list[tuple[str, str]] = []
+    for name, text in seen:  # join consecutive writes of one stream
+        if joined and joined[-1][0] == name:
+            joined[-1] = (name, joined[-1][1] + text)
+        else:
+            joined.append((name, text))
+    want: list[tuple[str, str]] = []
+    for name, text in expected:
+        if want and want[-1][0] == name:
+            want[-1] = (name, want[-1][1] + text)
+        else:
+            want.append((name, text))
+    assert joined == want  # every character, stdout and stderr interleaved as written
+    assert out.writes < 200, f"{out.writes} terminal writes for 20,000 flushed lines"
+    assert logs_text(events) == "".join(text for _, text in expected)
+
+
 def test_a_quiet_line_goes_out_at_once_and_streams_keep_their_order():
     events: list[LogRecord] = []
     batcher = LogBatcher(events.append, time.monotonic)

@@ -82,7 +82,10 @@ def validate_script(path: str | os.PathLike[str]) -> Path:
 
 
 class _Tee(io.TextIOBase):
-    """A text stream that writes through to the terminal and also logs each write.
+    """A text stream that logs each write; the log's batches echo it to the terminal.
+
+    The echo is not written here, write by write: see :mod:`torchmem.probe.log_batch` for
+    why a write per line costs a script in the window more than its own work.
 
     In a forked child (a DataLoader worker) it only writes through: the sink takes locks
     (the Session's) that another thread of the parent may have held at the fork, and a
@@ -103,15 +106,18 @@ class _Tee(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        if self._original is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._original.write(text)
-        if text and not _Tee.forked:
+        if _Tee.forked:
+            if self._original is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._original.write(text)
+        elif text:
             self._sink(self._stream, text)
         return len(text)
 
     def flush(self) -> None:
-        if self._original is not None:
+        # Not a send: the batch reaches the terminal within BATCH_S anyway, and a script
+        # that prints with flush=True in a loop would pay the GIL's toll at every line.
+        if _Tee.forked and self._original is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._original.flush()
 
@@ -126,6 +132,15 @@ class _Tee(io.TextIOBase):
         if self._original is None:
             raise io.UnsupportedOperation("fileno")
         return self._original.fileno()
+
+
+def echo(terminal: TextIO | None, text: str) -> None:
+    """Write ``text`` to ``terminal`` now; a closed or broken terminal is not the script's
+    failure."""
+    if terminal is not None:
+        with contextlib.suppress(OSError, ValueError):
+            terminal.write(text)
+            terminal.flush()
 
 
 def _mark_forked() -> None:
@@ -202,7 +217,9 @@ class ScriptRunner:
         self.on_oom = on_oom
         self.args = list(args)
         #: The script's output, coalesced; every other event flushes it first (in order).
-        self._output = LogBatcher(emit, now)
+        self._output = LogBatcher(emit, now, self._echo)
+        #: Where each captured stream's batches are echoed (the streams the run replaced).
+        self._terminals: dict[Stream, TextIO | None] = {}
         self.emit = self._in_order(emit)
         self.now = now
         self.cwd = cwd
@@ -232,6 +249,9 @@ class ScriptRunner:
     def _log(self, stream: Stream, text: str) -> None:
         self._output.write(stream, text)
 
+    def _echo(self, stream: Stream, text: str) -> None:
+        echo(self._terminals.get(stream), text)
+
     def run(self) -> RunFinished:
         """Run the script to its end; never raises for anything the script does."""
         started = time.monotonic()
@@ -252,6 +272,7 @@ class ScriptRunner:
         sys.argv = [str(path), *self.args]
         sys.path.insert(0, str(path if path.is_dir() else path.parent))
         if self.capture_output:
+            self._terminals = {Stream.STDOUT: saved_out, Stream.STDERR: saved_err}
             sys.stdout = _Tee(saved_out, Stream.STDOUT, self._log)
             sys.stderr = _Tee(saved_err, Stream.STDERR, self._log)
         self.tracker.install(self._thread_ident)
@@ -280,8 +301,7 @@ class ScriptRunner:
                 self._fallback.cancel()
             self._done.set()
             self.tracker.uninstall()
-            sys.stdout.flush()
-            sys.stderr.flush()
+            self._output.flush()
             sys.argv, sys.stdout, sys.stderr = saved_argv, saved_out, saved_err
             sys.path[:] = saved_path
             if os.getcwd() != saved_cwd:
