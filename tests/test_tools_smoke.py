@@ -35,6 +35,7 @@ def test_the_quick_benchmark_run_reports_every_benchmark_in_one_table(tmp_path):
     out = r.stdout
     assert "machine:" in out and "figure" in out and "how it was measured" in out
     for figure in (
+        "step time, the sampler alone (10 Hz)",
         "step time, torchmem defaults",
         "step time, agent + connected viewer",
         "sample-to-plot latency p99 (local socket)",
