@@ -85,6 +85,7 @@ def run_bench(bench: Bench, quick: bool, logs: Path, verbose: bool) -> list[dict
     if why_not:
         return [{"figure": bench.what, "value": "-", "target": "", "met": None, "how": why_not}]
     rows_file = logs / f"{bench.name}.rows"
+    rows_file.unlink(missing_ok=True)  # a --logs folder used before holds its last rows
     log = logs / f"{bench.name}.log"
     args = bench.quick if quick else bench.full
     env = {**os.environ, ROWS_ENV: str(rows_file), "QT_QPA_PLATFORM": "offscreen"}

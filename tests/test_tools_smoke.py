@@ -74,6 +74,27 @@ def test_the_harness_reports_a_benchmark_that_fails_and_refuses_an_unknown_name(
     assert r.returncode == 2 and "unknown benchmark 'nonsense'" in r.stderr
 
 
+def test_a_logs_folder_used_twice_reports_each_figure_once(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    try:
+        harness = importlib.import_module("benchmarks.__main__")
+    finally:
+        sys.path.remove(str(ROOT))
+    script = tmp_path / "one_row.py"
+    script.write_text(
+        "import json, os\n"
+        "with open(os.environ['TORCHMEM_BENCH_ROWS'], 'a') as f:\n"
+        "    f.write(json.dumps({'figure': 'f', 'value': '1', 'target': '', 'met': None,"
+        " 'how': ''}) + '\\n')\n"
+    )
+    bench = harness.Bench("one", str(script), "a benchmark of one figure")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for _ in range(2):
+        rows = harness.run_bench(bench, quick=True, logs=logs, verbose=False)
+        assert [r["figure"] for r in rows] == ["f"]
+
+
 def test_gpu_check_runs_without_a_gpu_and_its_snippets_name_real_modules():
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", "."],
