@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/gpu_check.py [--out DIR]
 
-Prints a table of checks and writes it to DIR/gpu_check.md; exits non-zero if any fails.
+Prints a table of checks and writes it to DIR/gpu_check.md and DIR/gpu_check.json; exits
+non-zero if any fails.
 Record the result in docs/gpu.md. Without a GPU it says so and exits 0.
 """
 
@@ -362,12 +363,166 @@ def main() -> int:
         except Exception as exc:
             check("snapshot names", False, f"{exc}: {r.stderr[-300:]}")
 
+    # 9. Sampling never synchronises the device. A full read while ~1 s of matmuls is
+    #    queued must return in milliseconds and leave that work queued; CUDA events
+    #    around a loop time it with and without the sampler at 100 Hz in a thread (a
+    #    read that synchronised while holding the GIL would starve the launches).
+    r = python("""
+        import time, warnings
+        import torch
+        from torchmem.probe.backends import discover_backends
+        from torchmem.probe.sampler import Sampler
+        x = torch.randn(8192, 8192, device="cuda")
+        sampler = Sampler(discover_backends(), lambda sample: None, hz=100)
+        sampler.read()  # the first read opens NVML and finds the devices
+
+        def gpu_ms(k):
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(k):
+                x @ x
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b)
+
+        gpu_ms(3)
+        per = gpu_ms(20) / 20
+        queued = int(1000 / per) + 1
+        for _ in range(queued):
+            x @ x
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t = time.perf_counter()
+            sampler.read(full=True)
+            read_ms = 1000 * (time.perf_counter() - t)
+        torch.cuda.set_sync_debug_mode(0)
+        pending = not torch.cuda.current_stream().query()
+        torch.cuda.synchronize()
+        syncs = [str(w.message)[:80] for w in caught if "synchroniz" in str(w.message)]
+        print("read", f"{read_ms:.2f}", pending, len(syncs), queued, f"{per:.3f}")
+        k = max(50, int(300 / per))
+        plain, sampled = [], []
+        for _ in range(3):
+            plain.append(gpu_ms(k))
+            sampler.start()
+            sampled.append(gpu_ms(k))
+            sampler.stop()
+        print("loop", f"{sorted(plain)[1]:.1f}", f"{sorted(sampled)[1]:.1f}", k)
+    """)
+    try:
+        read = next(line.split() for line in r.stdout.splitlines() if line.startswith("read"))
+        loop = next(line.split() for line in r.stdout.splitlines() if line.startswith("loop"))
+        read_ms, pending, syncs = float(read[1]), read[2] == "True", int(read[3])
+        check(
+            "a sampler read does not synchronise the device",
+            pending and read_ms < 50 and syncs == 0,
+            f"read {read_ms:.2f} ms with {read[4]} matmuls ({float(read[5]):.2f} ms each) "
+            f"queued, still queued after it: {pending}; sync warnings: {syncs}",
+        )
+        plain_ms, sampled_ms = float(loop[1]), float(loop[2])
+        check(
+            "GPU time of a loop with the sampler at 100 Hz <= 1.02x without",
+            sampled_ms <= 1.02 * plain_ms,
+            f"{loop[3]} matmuls: {plain_ms:.1f} ms without, {sampled_ms:.1f} ms with "
+            f"({sampled_ms / plain_ms:.3f}x, CUDA events, median of 3)",
+        )
+    except (StopIteration, ValueError, IndexError, ZeroDivisionError):
+        check("sampling without synchronising", False, r.stdout[-200:] + r.stderr[-300:])
+
+    # 10. A census's CUDA bytes against the caching allocator's own count.
+    r = python("""
+        import torch
+        from torchmem.tensors.walk import take_census
+        model = torch.nn.Sequential(
+            torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1000)
+        ).cuda()
+        opt = torch.optim.Adam(model.parameters())
+        for _ in range(2):
+            model(torch.randn(512, 4096, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        kept = torch.randn(1000, 1000, device="cuda")
+        view = kept[10:]
+        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+            torch._C._cuda_clearCublasWorkspaces()  # not tensors: the census cannot see them
+        torch.cuda.synchronize()
+        census = take_census([("", {"model": model, "opt": opt, "kept": kept, "view": view})])
+        total = sum(s.nbytes for s in census.storages.values() if s.device == "cuda:0")
+        named = sum(s.nbytes for s in census.storages.values()
+                    if s.device == "cuda:0" and s.named)
+        print(total, named, torch.cuda.memory_allocated(0))
+    """)
+    try:
+        total, named, allocated = map(int, r.stdout.split()[-3:])
+        check(
+            "census CUDA bytes match memory_allocated",
+            total <= allocated and allocated - total <= max(2 << 20, allocated // 100),
+            f"census {total:,} B ({named:,} named), memory_allocated {allocated:,} B, "
+            f"unseen {allocated - total:,} B",
+        )
+    except ValueError:
+        check("census against memory_allocated", False, r.stdout[-200:] + r.stderr[-300:])
+
+    # 11. Allocator settings: the demo recorded with and without expandable segments,
+    #     then compared; each run reports the settings it ran with.
+    with tempfile.TemporaryDirectory() as tmp:
+        demo = [str(ROOT / "resources/examples/demo_train.py"), "--device", "cuda",
+                "--epochs", "1", "--steps", "30", "--batch-size", "256"]  # fmt: skip
+        runs = []
+        for name, conf in (("default", None), ("expandable", "expandable_segments:True")):
+            env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
+            if conf:
+                env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+            path = Path(tmp) / f"{name}.tmsession"
+            subprocess.run(
+                [sys.executable, "-m", "torchmem", "run", "--quiet", "--record", str(path),
+                 *demo],
+                capture_output=True, text=True, timeout=120, env=env,
+            )  # fmt: skip
+            runs.append(path)
+        r = subprocess.run(
+            [sys.executable, "-m", "torchmem", "compare", "--json", *map(str, runs)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        try:
+            rows_ = json.loads(r.stdout)
+            rows_ = rows_["runs"] if isinstance(rows_, dict) else rows_
+            default, expandable = rows_
+            peaks = [
+                max((v for k, v in row["peak_bytes"].items() if k.startswith("cuda:0")), default=0)
+                for row in rows_
+            ]
+            check(
+                "allocator settings: runs recorded and compared with their settings",
+                default["status"] == expandable["status"] == "finished"
+                and not default["allocator"]
+                and "expandable_segments:True" in json.dumps(expandable["allocator"])
+                and all(peaks),
+                f"cuda:0 peaks {peaks[0] / 2**20:.0f} MiB (default) and "
+                f"{peaks[1] / 2**20:.0f} MiB (expandable); {expandable['allocator']}",
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            check("allocator settings", False, f"{exc}: {r.stdout[-200:]} {r.stderr[-300:]}")
+
     table = "| check | result | detail |\n|---|---|---|\n" + "\n".join(
         f"| {n} | {'pass' if ok else 'FAIL'} | {d.replace('|', '/').strip()[:200]} |"
         for n, ok, d in rows
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "gpu_check.md").write_text(table + "\n")
+    (out_dir / "gpu_check.json").write_text(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(0),
+                "torch": torch.__version__,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "checks": [{"check": n, "ok": ok, "detail": d} for n, ok, d in rows],
+            },
+            indent=1,
+        )
+    )
     print(table)
     return 0 if all(ok for _, ok, _ in rows) else 1
 
