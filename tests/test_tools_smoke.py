@@ -58,12 +58,17 @@ def test_the_quick_benchmark_run_reports_every_benchmark_in_one_table(tmp_path):
     assert "machine:" in (logs / "census.log").read_text()
 
 
-def test_the_harness_reports_a_benchmark_that_fails_and_refuses_an_unknown_name(tmp_path):
+def _harness():
+    """The harness module (``benchmarks/__main__.py``), imported as the command does."""
     sys.path.insert(0, str(ROOT))
     try:
-        harness = importlib.import_module("benchmarks.__main__")
+        return importlib.import_module("benchmarks.__main__")
     finally:
         sys.path.remove(str(ROOT))
+
+
+def test_the_harness_reports_a_benchmark_that_fails_and_refuses_an_unknown_name(tmp_path):
+    harness = _harness()
     broken = harness.Bench("broken", "no_such_script.py", "a benchmark that cannot start")
     (row,) = harness.run_bench(broken, quick=True, logs=tmp_path, verbose=False)
     assert row["value"] == "failed" and row["met"] is False and "exit 2" in row["how"]
@@ -75,11 +80,7 @@ def test_the_harness_reports_a_benchmark_that_fails_and_refuses_an_unknown_name(
 
 
 def test_a_logs_folder_used_twice_reports_each_figure_once(tmp_path):
-    sys.path.insert(0, str(ROOT))
-    try:
-        harness = importlib.import_module("benchmarks.__main__")
-    finally:
-        sys.path.remove(str(ROOT))
+    harness = _harness()
     script = tmp_path / "one_row.py"
     script.write_text(
         "import json, os\n"
