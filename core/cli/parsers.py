@@ -13,6 +13,7 @@ from torchmem.probe.sampler import MAX_HZ, MIN_HZ
 
 
 def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1, or a message saying what it got."""
     try:
         value = int(text)
     except ValueError:
@@ -23,6 +24,7 @@ def positive_int(text: str) -> int:
 
 
 def rate(text: str) -> float:
+    """An argparse type: a sampling rate in Hz within what the sampler accepts."""
     try:
         hz = float(text)
     except ValueError:
@@ -141,6 +143,7 @@ def run_parser() -> argparse.ArgumentParser:
 
 
 def add_record(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` the ``--record FILE`` option (a run recorded into a session file)."""
     parser.add_argument(
         "--record",
         metavar="FILE",

@@ -165,6 +165,7 @@ def describe_culprit(c: dict[str, Any]) -> str:
 
 
 def suggestion_for(culprits: list[dict[str, Any]]) -> str:
+    """How to fix the leak its top culprit shows: a kept graph, a closure, or a container."""
     if not culprits:
         return ""
     top = culprits[0]
