@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import shlex
 import sys
+from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -215,7 +216,12 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.RightDockWidgetArea, self.readings_dock)
 
     def _action(
-        self, text: str, slot, shortcut: str | None = None, tip: str = "", checkable: bool = False
+        self,
+        text: str,
+        slot: Callable[..., object],
+        shortcut: str | None = None,
+        tip: str = "",
+        checkable: bool = False,
     ) -> QAction:
         act = QAction(text, self)
         if shortcut:

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from torchmem.events import CensusTaken
 from torchmem.session import Session
-from torchmem.tensors.model import KIND_LABELS, StorageInfo, TensorInfo
+from torchmem.tensors.model import KIND_LABELS, Census, CensusDiff, StorageInfo, TensorInfo
 from torchmem.tensors.referrers import referrers_of
 from torchmem.units import format_bytes
 
@@ -165,7 +165,7 @@ class TensorPanel(QWidget):
         self.changes.setText(text)
 
     @staticmethod
-    def _headline(census, when: str, diff) -> str:
+    def _headline(census: Census, when: str, diff: CensusDiff | None) -> str:
         """One line: bytes and tensors per device, named share, when, what changed."""
         count = sum(len(s.tensors) for s in census.storages.values())
         if not count:
@@ -179,7 +179,7 @@ class TensorPanel(QWidget):
             text += f" · +{len(diff.new):,} / −{len(diff.freed):,} storages"
         return text
 
-    def _totals_text(self, census) -> str:
+    def _totals_text(self, census: Census) -> str:
         if not any(s.tensors for s in census.storages.values()):
             return "The census found no live tensors."
         latest = self.session.latest()

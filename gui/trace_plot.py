@@ -13,7 +13,7 @@ from PySide6.QtCore import QPointF, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import QGraphicsItem, QWidget
 
-from torchmem.events import MarkerKind, Severity
+from torchmem.events import Marker, MarkerKind, Severity
 from torchmem.series import COUNT_METRICS, METRICS, series_label, split_key, split_scope
 from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
@@ -117,7 +117,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self._xy: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         #: What each curve was last given (length, ends, scale): unchanged data is skipped.
         self._drawn: dict[str, tuple] = {}
-        self._marker_lines: list[tuple[object, list[pg.InfiniteLine]]] = []
+        self._marker_lines: list[tuple[Marker, list[pg.InfiniteLine]]] = []
         self._alert_lines: dict[str, tuple[object, list[pg.InfiniteLine]]] = {}
         self._setting_range = False
 
@@ -438,7 +438,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         (x0, _), _ = self.steps_plot.vb.viewRange()
         self.steps_label.setPos(x0, 1.0)
 
-    def _place_marker(self, marker) -> None:
+    def _place_marker(self, marker: Marker) -> None:
         for entry, lines in self._marker_lines:
             if entry is marker:
                 pos = marker.t if self.x_mode == "time" else float(marker.step)

@@ -88,7 +88,7 @@ class TuneWorker(JobWorker):
         maximum: int,
         rounding: str,
         predict_first: bool = False,
-    ):
+    ) -> None:
         super().__init__()
         self.plan = plan
         self.limit, self.minimum, self.maximum, self.rounding = limit, minimum, maximum, rounding

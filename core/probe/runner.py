@@ -97,7 +97,7 @@ class _Tee(io.TextIOBase):
 
     def __init__(
         self, original: TextIO | None, stream: Stream, sink: Callable[[Stream, str], None]
-    ):
+    ) -> None:
         self._original = original
         self._stream = stream
         self._sink = sink

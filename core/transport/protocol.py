@@ -97,7 +97,9 @@ class FrameReader:
         return len(self._buf)
 
 
-def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...):
+def field(
+    message: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...
+) -> Any:
     """``message[name]`` checked against ``kind``; ProtocolError when missing or wrong."""
     if name not in message:
         if default is not ...:

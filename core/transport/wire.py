@@ -128,7 +128,9 @@ def _codec(hint: Any) -> tuple[Encode, Decode]:
 class _Shape:
     """The fields of one dataclass, each with its codec and default (derived once)."""
 
-    def __init__(self, cls: type, skip: tuple[str, ...] = (), **special: tuple[Encode, Decode]):
+    def __init__(
+        self, cls: type, skip: tuple[str, ...] = (), **special: tuple[Encode, Decode]
+    ) -> None:
         hints = typing.get_type_hints(cls)
         self.cls = cls
         self.fields = []

@@ -66,7 +66,9 @@ def _live_bytes_mode() -> Any:
             self.peak = 0
             self._seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             out = func(*args, **(kwargs or {}))
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
