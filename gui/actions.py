@@ -145,7 +145,7 @@ ACTIONS = (
     ActionSpec(
         "act_attach",
         "&Attach to a process…",
-        "open_attach_dialog",
+        "attaching.open_dialog",
         "Ctrl+Shift+A",
         "Show a running process: one with torchmem.serve() or started by `torchmem run "
         "--attachable` (everything), or any torch process (RSS and GPU memory)",
@@ -153,7 +153,7 @@ ACTIONS = (
     ActionSpec(
         "act_inject",
         "&Inject the agent (experimental)",
-        "inject_agent",
+        "attaching.inject_agent",
         None,
         "Start torchmem's agent inside the watched process (gdb on Python < 3.14, "
         "sys.remote_exec on 3.14), for steps, tensors, alerts and commands",

@@ -60,6 +60,7 @@ from torchmem.sources.isolated import IsolatedSource
 
 from .actions import ACTIONS
 from .alert_panel import AlertPanel
+from .attaching import Attaching
 from .banner import Banner
 from .breakdown_plot import BreakdownPlot
 from .bridge import SessionBridge
@@ -105,10 +106,6 @@ class MainWindow(QMainWindow):
         self.cwd: str | None = None
         self.last_result: RunFinished | None = None
         self.force_exit_needed = False
-        #: The last attach over SSH (pid, hosts), for Reconnect; the lost nodes said so far.
-        self._ssh_attach: tuple[int | None, list] | None = None
-        self._lost_shown: set[str] = set()
-        self._reconnect_pending = False
         #: PYTORCH_CUDA_ALLOC_CONF of the next runs ("" for the allocator's defaults).
         self.allocator_conf = ""
         self._oom_dialog: OomDialog | None = None
@@ -119,6 +116,8 @@ class MainWindow(QMainWindow):
         self.recordings = Recordings(self)
         self.snapshots = SnapshotOpener(self)
         self.snapshots.failed.connect(self._on_snapshot_failed)
+        #: Attach, detach and reconnect, and what the window shows of them.
+        self.attaching = Attaching(self)
         self.setAcceptDrops(True)
         self._build_central()
         self._build_actions()
@@ -137,7 +136,7 @@ class MainWindow(QMainWindow):
         self.bridge.events.connect(self._on_events)
         self.plot.follow_changed.connect(self.act_follow.setChecked)
         self._restore_settings()
-        self._update_actions()
+        self.update_actions()
 
     # -- construction ---------------------------------------------------------------------
     def _build_central(self) -> None:
@@ -387,18 +386,11 @@ class MainWindow(QMainWindow):
 
     def _connect_runs(self) -> None:
         r = self.runs
-        r.attached_to.connect(self._on_attached)
-        r.attach_failed.connect(self._on_attach_failed)
         r.errored.connect(self._on_worker_errored)
         r.stuck_detected.connect(self._on_stuck)
         r.ended.connect(self._on_run_ended)
         r.abandoned_ended.connect(self._on_abandoned_ended)
         r.rerun_due.connect(lambda: QTimer.singleShot(0, self.run))
-        r.inject_due.connect(self._attach_injected)
-
-    @Slot(int)
-    def _attach_injected(self, pid: int) -> None:
-        QTimer.singleShot(0, lambda: self.attach(pid, inject=True))
 
     # -- what the run controller knows, as the window shows it ------------------------------
     @property
@@ -605,12 +597,12 @@ class MainWindow(QMainWindow):
             else:
                 self.stop(confirm=False)
             self.runs.queue_rerun()
-            self._update_actions()
+            self.update_actions()
             return True
         self.setWindowTitle(f"{Path(self.script).name} – torchmem")
         if not run and not self.running:
             self.run_label.setText(f"Ready: {Path(self.script).name} (F5 runs it)")
-        self._update_actions()
+        self.update_actions()
         if run:
             return self.run()
         return True
@@ -642,7 +634,7 @@ class MainWindow(QMainWindow):
             self.show_error(str(exc))
             return False
         self.banner.hide()
-        self._clear_views()
+        self.clear_views()
         self.setWindowTitle(f"{Path(self.script).name} – torchmem")
         self.runs.start_script(
             self.script,
@@ -652,7 +644,7 @@ class MainWindow(QMainWindow):
             allocator_env(self.allocator_conf),
         )
         self.tensors.referrers = self.target.referrers
-        self._update_actions()
+        self.update_actions()
         return True
 
     @Slot()
@@ -682,7 +674,7 @@ class MainWindow(QMainWindow):
                     return
             self.runs.request_stop()
             self.run_label.setText("Stopping…")
-            self._update_actions()
+            self.update_actions()
 
     @Slot()
     def rerun(self) -> None:
@@ -719,19 +711,19 @@ class MainWindow(QMainWindow):
                 "backward, mark or module call. Detach (Ctrl+Shift+D) to leave it running.",
                 "info",
             )
-        self._update_actions()
+        self.update_actions()
 
     @Slot()
     def abandon_run(self) -> None:
         """Let go of an in-process run that does not stop (see :attr:`stuck`)."""
         self.runs.abandon()
         self.bridge.flush()
-        self._update_actions()
+        self.update_actions()
 
     @Slot()
     def _on_abandoned_ended(self) -> None:
         self.statusBar().showMessage("The abandoned script has ended at last", 10000)
-        self._update_actions()
+        self.update_actions()
 
     # -- attaching ------------------------------------------------------------------------
     @property
@@ -785,22 +777,6 @@ class MainWindow(QMainWindow):
                 f"Arguments set to {shlex.join(args)}: F5 runs the script with them", 15000
             )
 
-    def open_attach_dialog(self) -> None:
-        """Pick a running process and attach to it."""
-        from .attach_dialog import AttachDialog
-
-        dialog = AttachDialog(self, self.settings)
-        accepted = dialog.exec()
-        pid, host = dialog.chosen_pid, dialog.chosen_host
-        dialog.deleteLater()  # destroyed by this thread's event loop, never by a gc elsewhere
-        if accepted and pid is not None:
-            self.attach(pid, hosts=[host] if host is not None else None)
-
-    @Slot()
-    def inject_agent(self) -> None:
-        """Replace the outside watch of the attached process by an injected agent."""
-        self.runs.inject()
-
     def attach(
         self,
         pid: int | None,
@@ -808,48 +784,13 @@ class MainWindow(QMainWindow):
         inject: bool = False,
         hosts: list | None = None,
     ) -> bool:
-        """Show process ``pid`` (and its ranks) in this window, following it in a QThread.
+        """Show process ``pid`` (and its ranks) here: see :meth:`Attaching.attach`."""
+        return self.attaching.attach(pid, entries, inject, hosts)
 
-        ``entries`` reach agents without discovery (a socket forwarded from another host);
-        ``hosts`` are SSH hosts: ``pid`` on the one host, or (``pid`` None) every agent of
-        every host, such as the ranks of a multi-node job.
-        """
-        if self.running:
-            self.show_error("Stop the running script (Shift+F5) or detach before attaching.")
-            return False
-        self.banner.hide()
-        self._clear_views()
-        self._ssh_attach = (pid, list(hosts)) if hosts else None
-        self._lost_shown: set[str] = set()
-        run = self.runs.start_attach(pid, self.rate_spin.value(), entries, inject, hosts)
-        self.tensors.referrers = run.referrers
-        where = ", ".join(h.target for h in hosts or [])
-        what = f"pid {pid}" if pid is not None else where
-        if pid is not None and where:
-            what += f" on {where}"
-        self.setWindowTitle(f"{what} – torchmem")
-        self.run_label.setText(f"Attaching to {what}…" + (" (over SSH)" if hosts else ""))
-        self._update_actions()
-        return True
-
-    @Slot(str)
-    def _on_attached(self, label: str) -> None:
-        run = self.attached
-        if run is None:
-            return
-        self.readings.capacity = run.capacity()
-        self.setWindowTitle(f"{label} – torchmem")
-        self.run_label.setText(f"● Attached to {label}")
-        self.statusBar().showMessage(f"Attached to {label}", 10000)
-        if not run.has_agent:
-            self.banner.show_message(
-                f"{label}: watched from outside, without an agent: RSS and GPU memory only "
-                "(GPU figures include the CUDA context and caches). For steps, tensors and "
-                "alerts: Run > Inject the agent (experimental), or add torchmem.serve() to "
-                "the script, or start it with `torchmem run --attachable`.",
-                "info",
-            )
-        self._update_actions()
+    @Slot()
+    def detach(self) -> None:
+        """Stop following the attached process (it carries on)."""
+        self.attaching.detach()
 
     @Slot(str)
     def _on_worker_errored(self, message: str) -> None:
@@ -859,18 +800,8 @@ class MainWindow(QMainWindow):
             "The traces so far are kept; please report it with the Log's text."
         )
 
-    @Slot(str)
-    def _on_attach_failed(self, message: str) -> None:
-        self.show_error(f"Cannot attach: {message}")
-
-    @Slot()
-    def detach(self) -> None:
-        """Stop following the attached process (it carries on)."""
-        if self.attached is not None:
-            self.runs.detach()
-            self.statusBar().showMessage("Detached", 5000)
-
-    def _clear_views(self) -> None:
+    def clear_views(self) -> None:
+        """Empty every view and the Session for a new run, attach or recording."""
         self.recordings.opened = None
         self.session.reset()
         self.plot.clear_data()
@@ -892,37 +823,8 @@ class MainWindow(QMainWindow):
         if attached_label and self.session.run_finished is None:
             self.run_label.setText(f"Detached from {attached_label}")
         self.bridge.flush()
-        self._update_actions()
-        if self._reconnect_pending:
-            self._reconnect_pending = False
-            QTimer.singleShot(0, self.reconnect)
-        elif self.runs.lost_hosts and self._ssh_attach is not None:
-            self._offer_reconnect(self.runs.lost_hosts, others_go_on=False)
-
-    def _offer_reconnect(self, lost: list[str], others_go_on: bool) -> None:
-        names = ", ".join(lost)
-        text = (
-            f"Lost the SSH connection to {names} (or its processes ended without a word). "
-            + ("The other nodes go on; " if others_go_on else "")
-            + "the traces so far are kept. Reconnect attaches again: the agents send what "
-            "they kept meanwhile."
-        )
-        what = ", ".join(h.target for h in self._ssh_attach[1]) if self._ssh_attach else ""
-        self.banner.show_message(
-            text, "warning", ("Reconnect", self.reconnect, f"Attach again over SSH to {what}")
-        )
-
-    @Slot()
-    def reconnect(self) -> None:
-        """Attach again to what the last SSH attach reached (detaching first if needed)."""
-        if self._ssh_attach is None:
-            return
-        if self.running:
-            self._reconnect_pending = True
-            self.detach()
-            return
-        pid, hosts = self._ssh_attach
-        self.attach(pid, hosts=hosts)
+        self.update_actions()
+        self.attaching.on_run_ended()
 
     # -- session events -------------------------------------------------------------------
     def _update_rank_combo(self) -> None:
@@ -949,13 +851,7 @@ class MainWindow(QMainWindow):
         if self.running and self.session.run_finished is None:
             steps = self.session.steps.steps
             what = f"Attached to {self.attached.label}" if self.attached else "Running"
-            if self.attached is not None and len(self.attached.hosts) > 1:
-                alive, hosts = self.attached.reporting()
-                what += f" · {alive} of {hosts} nodes reporting"
-                lost = set(self.attached.lost_hosts())
-                if lost - self._lost_shown:  # a node dropped: said once, with Reconnect
-                    self._lost_shown |= lost
-                    self._offer_reconnect(sorted(lost), others_go_on=True)
+            what += self.attaching.nodes_text()
             if not self.stopping:
                 self.run_label.setText(f"● {what} · step {steps:,} · {self.session.now():.1f} s")
             else:
@@ -973,7 +869,7 @@ class MainWindow(QMainWindow):
                 self.act_history.setChecked(False)  # a new process records nothing yet
                 if self.attached is None:  # accelerators are found as a run starts
                     self.readings.capacity = self.target.capacity()
-                    self._update_actions()
+                    self.update_actions()
             elif isinstance(event, RunFinished):
                 self._show_finished(event)
             elif isinstance(event, Alert) and event.is_new:
@@ -995,7 +891,7 @@ class MainWindow(QMainWindow):
         dialog.destroyed.connect(lambda: setattr(self, "_oom_dialog", None))
         self._oom_dialog = dialog
         dialog.show()
-        self._update_actions()
+        self.update_actions()
         return dialog
 
     @Slot(str)
@@ -1096,7 +992,8 @@ class MainWindow(QMainWindow):
         self.runs.run_command(name)
 
     # -- state ----------------------------------------------------------------------------
-    def _update_actions(self) -> None:
+    def update_actions(self) -> None:
+        """Enable and check the actions as the run, attach and recording stand now."""
         running = self.running
         self.act_run.setEnabled(not running and self.script is not None)
         self.act_stop.setEnabled(running and not self.stopping)

@@ -121,7 +121,7 @@ class Recordings(QObject):
             w.show_error(f"Cannot open the recording: {exc}")
             return False
         w.banner.hide()
-        w._clear_views()
+        w.clear_views()
         was_recording, self.recorder.enabled = self.recorder.enabled, False
         try:
             recording = load(path, w.session)
@@ -150,7 +150,7 @@ class Recordings(QObject):
             w.show_error(f"{Path(path).name}: " + "; ".join(recording.problems), "warning")
         elif recording.ended is None:
             w.banner.show_message(f"{name}: {ended}", "warning")
-        w._update_actions()
+        w.update_actions()
         return True
 
     @Slot(list)

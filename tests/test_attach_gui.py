@@ -226,3 +226,53 @@ def test_an_error_while_following_ends_the_attach_and_says_so(
     finally:
         proc.kill()
         proc.communicate()
+
+
+def test_a_node_that_stops_reporting_is_said_once_and_reconnect_attaches_again(
+    qtbot, make_window, monkeypatch
+):
+    """A multi-node job over SSH: the status line counts the nodes reporting, a node lost
+    is said once in the banner with Reconnect, and Reconnect attaches again to the same
+    hosts (after detaching, when still attached)."""
+
+    class Node:
+        def __init__(self, target: str) -> None:
+            self.target = target
+
+    class Job:  # an AttachedRun of two SSH hosts, one of which went quiet
+        label = "2 nodes"
+        hosts = [Node("node1"), Node("node2")]
+
+        def reporting(self):
+            return 1, 2
+
+        def lost_hosts(self):
+            return ["node2"]
+
+    window = make_window()
+    attaching = window.attaching
+    attaching.ssh = (None, Job.hosts)
+    monkeypatch.setattr(window.runs, "attached", Job())
+    shown = []
+    original = window.banner.show_message
+    monkeypatch.setattr(
+        window.banner, "show_message", lambda *a: (shown.append(a[0]), original(*a))
+    )
+    assert attaching.nodes_text() == " · 1 of 2 nodes reporting"
+    assert attaching.nodes_text() == " · 1 of 2 nodes reporting"
+    assert len(shown) == 1, "a lost node is said once"
+    assert "Lost the SSH connection to node2" in window.banner.text()
+    assert "The other nodes go on" in window.banner.text()
+    assert window.banner.action_button.text() == "Reconnect"
+    assert "node1, node2" in window.banner.action_button.toolTip()
+
+    again = []
+    monkeypatch.setattr(attaching, "attach", lambda pid, **kw: again.append((pid, kw)) or True)
+    detached = []
+    monkeypatch.setattr(window.runs, "detach", lambda: detached.append(True))
+    monkeypatch.setattr(type(window), "running", property(lambda self: not detached))
+    window.banner.action_button.click()  # still attached: detach first, attach once ended
+    assert detached and not again
+    attaching.on_run_ended()
+    qtbot.waitUntil(lambda: bool(again))
+    assert again == [(None, {"hosts": Job.hosts})]
