@@ -43,6 +43,8 @@ LEGEND_COLUMNS = 4
 DENSE_POINTS = 1500
 #: Marker lines kept on the plots (the newest): thousands of lines would cost every frame.
 MAX_MARKER_LINES = 120
+#: Space kept between two marker labels beyond the newer one's width (px).
+MARKER_LABEL_GAP_PX = 12
 
 
 #: One colour per rank of a job (metrics of a rank differ by line style and shade).
@@ -160,6 +162,8 @@ class TracePlot(pg.GraphicsLayoutWidget):
             "script updates parameters by hand)"
         )
         self.steps_plot.vb.sigRangeChangedManually.connect(self._user_moved)
+        # Every plot's x is linked to this one: a zoom, a scroll or following the run.
+        self.steps_plot.vb.sigXRangeChanged.connect(self._thin_marker_labels)
         self.step_ticks = self.steps_plot.plot(
             [], [], connect="pairs", pen=pg.mkPen("#888", width=1)
         )
@@ -472,6 +476,40 @@ class TracePlot(pg.GraphicsLayoutWidget):
             _, old_lines = self._marker_lines.pop(0)
             for line in old_lines:
                 _discard(line)
+        if start < len(markers):
+            self._thin_marker_labels()
+
+    @Slot()
+    def _thin_marker_labels(self, *_: object) -> None:
+        """Label a marker only where its label has room: a script that marks every few
+        steps drew its labels over each other into one unreadable smear. The newest
+        labels win; a marker without its label keeps its line and tooltip, and zooming
+        in brings the label back."""
+        shown_left: float | None = None  # the left end of the last label shown
+        for _, lines in reversed(self._marker_lines):
+            line = next((ln for ln in lines if getattr(ln, "label", None)), None)
+            if line is None:
+                continue
+            vb = line.getViewBox()
+            if vb is None:
+                continue
+            (x0, x1), _ = vb.viewRange()
+            if not x0 <= line.value() <= x1:
+                continue  # out of view: its visibility does not matter until it is in
+            width = vb.width()
+            px = (line.value() - x0) / (x1 - x0) * width if x1 > x0 else 0.0
+            # pyqtgraph puts a label right of its line in the view's left half and left
+            # of it in the right half (so that the newest stays inside the plot).
+            w = self._label_width(line)
+            left, right = (px, px + w) if px < width / 2 else (px - w, px)
+            room = shown_left is None or right <= shown_left
+            line.label.setVisible(room)
+            if room:
+                shown_left = left
+
+    @staticmethod
+    def _label_width(line: pg.InfiniteLine) -> float:
+        return line.label.boundingRect().width() + MARKER_LABEL_GAP_PX
 
     def _draw_alerts(self) -> None:
         """A red line where each alert was first raised (once per alert key)."""

@@ -385,6 +385,49 @@ def test_dark_theme_darkens_the_plots_and_keeps_every_text_readable(window):
         apply_theme(QApplication.instance(), "system")
 
 
+def test_dense_markers_label_only_where_their_labels_have_room(qtbot, window):
+    """A script that marks every few steps: labels drawn over each other were a smear.
+    The newest labels win, no two shown ones overlap as drawn, and zooming in brings them
+    back."""
+    from PySide6.QtWidgets import QApplication
+
+    from torchmem.events import Marker, MarkerKind
+
+    window.resize(900, 700)
+    window.show()
+    qtbot.waitExposed(window)
+    session = window.session
+    for i in range(60):
+        session.submit(Sample(i * 0.1, {"cpu/rss": 1e8 + i}))
+        session.submit(Marker(i * 0.1, MarkerKind.USER, f"every ten {i * 10}", i * 10))
+    plot = window.plot
+
+    def labels_in_view():
+        QApplication.processEvents()  # pyqtgraph places labels as the view changes
+        out = []
+        for _, lines in plot._marker_lines:
+            line = next(ln for ln in lines if getattr(ln, "label", None))
+            (x0, x1), _ = line.getViewBox().viewRange()
+            if x0 <= line.value() <= x1:
+                out.append((line.label.isVisible(), line.label.sceneBoundingRect()))
+        return out
+
+    def overlapping(labels):
+        shown = [rect for visible, rect in labels if visible]
+        return [(a, b) for i, a in enumerate(shown) for b in shown[i + 1 :] if a.intersects(b)]
+
+    plot.refresh(force=True)
+    whole = labels_in_view()
+    assert len(whole) == 60 and 1 < sum(v for v, _ in whole) < 20
+    assert whole[-1][0], "the newest marker keeps its label"
+    assert not overlapping(whole)
+    plot.set_follow(False)
+    plot.plots["host"].setXRange(5.55, 5.92, padding=0)  # zoomed in: room for each label
+    zoomed = labels_in_view()
+    shown_before = sum(v for v, rect in whole[-4:])  # the same four markers, zoomed out
+    assert sum(v for v, _ in zoomed) >= 3 > shown_before and not overlapping(zoomed)
+
+
 def test_only_the_newest_marker_lines_are_kept(qtbot, window):
     from torchmem.events import Marker, MarkerKind
     from torchmem.gui.trace_plot import MAX_MARKER_LINES
