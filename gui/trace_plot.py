@@ -486,24 +486,32 @@ class TracePlot(pg.GraphicsLayoutWidget):
         labels win; a marker without its label keeps its line and tooltip, and zooming
         in brings the label back."""
         shown_left: float | None = None  # the left end of the last label shown
+        view = None
         for _, lines in reversed(self._marker_lines):
             line = next((ln for ln in lines if getattr(ln, "label", None)), None)
             if line is None:
                 continue
-            vb = line.getViewBox()
-            if vb is None:
+            if view is None:  # every labelled line is on one plot: its range, once
+                vb = line.getViewBox()
+                if vb is None or vb.width() <= 0:
+                    return
+                (x0, x1), _ = vb.viewRange()
+                if x1 <= x0:
+                    return
+                view = (x0, vb.width() / (x1 - x0), vb.width())
+            x0, scale, width = view
+            px = (line.value() - x0) * scale
+            if px < 0:
+                break  # this one and every older one are left of the view
+            if px > width:
                 continue
-            (x0, x1), _ = vb.viewRange()
-            if not x0 <= line.value() <= x1:
-                continue  # out of view: its visibility does not matter until it is in
-            width = vb.width()
-            px = (line.value() - x0) / (x1 - x0) * width if x1 > x0 else 0.0
             # pyqtgraph puts a label right of its line in the view's left half and left
             # of it in the right half (so that the newest stays inside the plot).
             w = self._label_width(line)
             left, right = (px, px + w) if px < width / 2 else (px - w, px)
             room = shown_left is None or right <= shown_left
-            line.label.setVisible(room)
+            if line.label.isVisible() != room:
+                line.label.setVisible(room)
             if room:
                 shown_left = left
 
