@@ -257,6 +257,7 @@ class ScriptRunner:
         started = time.monotonic()
         self._thread_ident = threading.get_ident()
         self._done.clear()
+        self._output.reopen()
         try:
             path = validate_script(self.script)
         except ScriptError as exc:
@@ -301,7 +302,7 @@ class ScriptRunner:
                 self._fallback.cancel()
             self._done.set()
             self.tracker.uninstall()
-            self._output.flush()
+            self._output.close()
             sys.argv, sys.stdout, sys.stderr = saved_argv, saved_out, saved_err
             sys.path[:] = saved_path
             if os.getcwd() != saved_cwd:
