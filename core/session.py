@@ -3,6 +3,8 @@
 Sources call :meth:`Session.submit` from any thread. The Session updates its models
 (time series, step clock, markers, log, run state) under a lock, bumps ``revision`` and
 tells its listeners. Views read snapshots; they never receive data by another path.
+Script output leaves ``revision`` alone: only the Log pane shows it, from the events, and
+a printing script would otherwise redraw every trace at the bridge's full rate.
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ class Session:
             return
         with self._lock:
             self._apply(event)
-            self.revision += 1
+            if not isinstance(event, LogRecord):
+                self.revision += 1
             listeners = list(self._listeners)
         for listener in listeners:
             listener(event)

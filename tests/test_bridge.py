@@ -51,3 +51,23 @@ def test_redraws_are_throttled_however_fast_samples_arrive(qtbot):
     session.submit(LogRecord(1.0, Stream.STDOUT, "after close"))
     bridge.flush()
     assert late == []  # closed: it no longer listens to the Session
+
+
+def test_script_output_alone_redraws_no_trace(qtbot):
+    """A printing script: its lines reach the Log pane as events, and the traces (which
+    did not change) are not redrawn for them at the bridge's full rate."""
+    session = Session()
+    bridge = SessionBridge(session)
+    lines: list = []
+    bridge.events.connect(lines.extend)
+    session.submit(Sample(0.0, {"cpu/rss": 1.0}))
+    bridge.flush()
+    drawn = bridge.redraws
+    for i in range(50):
+        session.submit(LogRecord(i * 0.01, Stream.STDOUT, f"line {i}\n"))
+        bridge.flush()
+    assert len(lines) == 50 and bridge.redraws == drawn
+    session.submit(Sample(1.0, {"cpu/rss": 2.0}))
+    bridge.flush()
+    assert bridge.redraws == drawn + 1
+    bridge.close()
