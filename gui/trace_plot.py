@@ -43,7 +43,7 @@ LEGEND_COLUMNS = 4
 DENSE_POINTS = 1500
 #: Marker lines kept on the plots (the newest): thousands of lines would cost every frame.
 MAX_MARKER_LINES = 120
-#: Space kept between two marker labels beyond the newer one's width (px).
+#: Space kept between two marker labels (px).
 MARKER_LABEL_GAP_PX = 12
 
 
@@ -226,8 +226,8 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self._update_x_label()
         for line in self._crosshairs:  # its x was in the other unit
             line.setVisible(False)
-        for marker, _ in self._marker_lines:
-            self._place_marker(marker)
+        for marker, lines in self._marker_lines:
+            self._place_marker(marker, lines)
         self.refresh(force=True)
 
     def set_unit(self, unit: str) -> None:
@@ -442,12 +442,10 @@ class TracePlot(pg.GraphicsLayoutWidget):
         (x0, _), _ = self.steps_plot.vb.viewRange()
         self.steps_label.setPos(x0, 1.0)
 
-    def _place_marker(self, marker: Marker) -> None:
-        for entry, lines in self._marker_lines:
-            if entry is marker:
-                pos = marker.t if self.x_mode == "time" else float(marker.step)
-                for line in lines:
-                    line.setValue(pos)
+    def _place_marker(self, marker: Marker, lines: list[pg.InfiniteLine]) -> None:
+        pos = marker.t if self.x_mode == "time" else float(marker.step)
+        for line in lines:
+            line.setValue(pos)
 
     def _draw_markers(self) -> None:
         markers = self.session.user_markers()
@@ -471,7 +469,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 plot.addItem(line, ignoreBounds=True)
                 lines.append(line)
             self._marker_lines.append((marker, lines))
-            self._place_marker(marker)
+            self._place_marker(marker, lines)
         while len(self._marker_lines) > MAX_MARKER_LINES:
             _, old_lines = self._marker_lines.pop(0)
             for line in old_lines:

@@ -89,11 +89,13 @@ SUGGEST_RETRIES = (
 )
 
 
-def _net(key: str, value: float, values: dict[str, float]) -> float:
-    """The reading of ``key`` the trends are tested on: process RSS less what malloc holds
-    free (no leak: torchmem.probe.heap), where the same reading has it; others as read."""
+def _net(key: str, value: float, values: dict[str, float]) -> tuple[float, bool]:
+    """The reading of ``key`` the trends are tested on, and whether it was netted: process
+    RSS less what malloc holds free (no leak: torchmem.probe.heap), where the same reading
+    has it; others as read."""
     device, metric = split_key(key)
-    return value - values.get(f"{device}/heap_free", 0.0) if metric == "rss" else value
+    free = values.get(f"{device}/heap_free") if metric == "rss" else None
+    return (value, False) if free is None else (value - free, True)
 
 
 @dataclass
@@ -199,12 +201,10 @@ class LeakDetector:
         for key, value in sample.values.items():
             if not self._tracked(key):
                 continue
-            value = _net(key, value, sample.values)
+            value, netted = _net(key, value, sample.values)
             trend = self._trends.get(key)
             if trend is None:
                 trend = self._trends[key] = _Trend(s.window)
-            device, metric = split_key(key)
-            netted = metric == "rss" and f"{device}/heap_free" in sample.values
             if trend.netted is not None and netted != trend.netted:
                 # The free bytes stopped coming (too costly to read in this process): the
                 # readings before are of another quantity, so the trend starts again.
@@ -400,7 +400,7 @@ class LeakDetector:
             if not key.endswith(("/allocated", "/rss")):
                 continue
             starts = self._epoch_starts.setdefault(key, [])
-            starts.append(_net(key, value, self._latest))
+            starts.append(_net(key, value, self._latest)[0])
             if len(starts) < 4:
                 continue
             last = starts[-4:]

@@ -137,9 +137,9 @@ def by_owner(index: SnapshotIndex, rows: np.ndarray, top: int | None = 10) -> li
 def allocation_category(index: SnapshotIndex, row: int, stack: list[str] | None = None) -> str:
     """What allocation ``row`` is: its tensor's kind where a census named it, else the
     guess from its stack."""
-    named = index.tensor_names.get(row)
-    if named is not None and named.category is not None:
-        return named.category
+    named = _census_category(index, row)
+    if named is not None:
+        return named
     if stack is None:
         sid = int(index.al_stack[row])
         stack = index.stacks[sid] if sid >= 0 else []
@@ -150,16 +150,22 @@ def by_category(index: SnapshotIndex, rows: np.ndarray) -> dict[str, int]:
     """Live bytes of ``rows`` per category."""
     totals = dict.fromkeys(CATEGORIES, 0)
     cache: dict[int, str] = {}
-    names = index.tensor_names
     for row in rows.tolist():
-        if row in names and names[row].category is not None:
-            totals[names[row].category] += int(index.al_size[row])
-            continue
-        sid = int(index.al_stack[row])
-        if sid not in cache:
-            cache[sid] = category(index.stacks[sid]) if sid >= 0 else "other"
-        totals[cache[sid]] += int(index.al_size[row])
+        kind = _census_category(index, row)
+        if kind is None:
+            sid = int(index.al_stack[row])
+            if sid not in cache:
+                cache[sid] = category(index.stacks[sid]) if sid >= 0 else "other"
+            kind = cache[sid]
+        totals[kind] += int(index.al_size[row])
     return totals
+
+
+def _census_category(index: SnapshotIndex, row: int) -> str | None:
+    """The category of allocation ``row``'s tensor where a census named it and its kind
+    says more than the stack (None otherwise)."""
+    named = index.tensor_names.get(row)
+    return named.category if named is not None else None
 
 
 @dataclass(frozen=True)

@@ -355,8 +355,9 @@ class InProcessSource:
         """The accelerator storages of the newest censuses, by address, with the Unix
         time each census was taken (in µs, the clock of a snapshot's ``time_us``)."""
         out = []
+        unix_at_zero = time.time() - self.session.now()  # the Session's clock to Unix time
         for event in reversed([e for e in self.session.censuses() if e is not None]):
-            unix_us = int((time.time() - (self.session.now() - event.t)) * 1e6)
+            unix_us = int((unix_at_zero + event.t) * 1e6)
             storages = [
                 [s.device, s.key[1], s.nbytes, s.name, s.kind]
                 for s in event.census.storages.values()
