@@ -72,7 +72,7 @@ def test_run_uses_the_main_thread_so_signals_work():
         (["run", str(SCRIPTS / "notes.txt")], "Syntax error"),
         (["run", str(SCRIPTS)], "is a folder"),
         (["run", "--hz", "500", "x.py"], "between 1 and 100 Hz"),
-        (["run"], "the following arguments are required: script"),
+        (["run"], "give the script to run, e.g. torchmem run train.py"),
     ],
 )
 def test_run_bad_input_is_explained(args, message):

@@ -201,6 +201,8 @@ def _main(argv: list[str]) -> int:
         return run_command(command, opts.summary, opts.hz, opts.quiet, opts.max_steps)
     if argv[:1] == ["run"]:
         opts = run_parser().parse_args(argv[1:])
+        if not opts.script:
+            run_parser().error("give the script to run, e.g. torchmem run train.py --lr 0.1")
         from torchmem.cli.run import run_headless
         from torchmem.probe.runner import ScriptError, validate_script
 

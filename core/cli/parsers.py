@@ -138,7 +138,9 @@ def run_parser() -> argparse.ArgumentParser:
         help="stop the script cleanly after N training steps, and exit 0 (a quick check)",
     )
     add_record(p)
-    add_script(p)
+    # Optional here so that a missing script gets one plain line (argparse would also
+    # call the script's arguments required).
+    add_script(p, optional=True)
     return p
 
 
