@@ -174,10 +174,34 @@ def test_a_truncated_file_reports_what_it_could_read(tmp_path):
     try:
         recording = load(path)
     except RecordError as exc:  # SQLite may refuse the file outright: still a clear line
-        assert "cut.tmsession" in str(exc)
+        assert "cut.tmsession is a torchmem session" in str(exc) and "damaged" in str(exc)
         return
     assert recording.problems, "a damaged file never reads as a whole one"
     assert recording.session.samples < 3000
+
+
+def test_a_session_cut_short_where_sqlite_refuses_it_is_called_damaged_not_foreign(tmp_path):
+    """A copy that did not finish: SQLite refuses the file, yet its header still says it
+    is a torchmem session, and the message says so instead of "not a torchmem session"."""
+    path = tmp_path / "copy.tmsession"
+    live = Session()
+    recorder = start_recording(path, live, "run", "/x/train.py")
+    _play_run(live)
+    recorder.close()
+    whole = path.read_bytes()
+    for size in (4096, len(whole) // 2):
+        path.write_bytes(whole[:size])
+        try:
+            recording = load(path)
+        except RecordError as exc:
+            assert "is a torchmem session" in str(exc) and "too damaged" in str(exc)
+            proc = _torchmem("report", str(path))
+            assert proc.returncode == 2 and "too damaged to read" in proc.stderr
+        else:
+            assert recording.problems
+    (tmp_path / "other.db").write_bytes(b"SQLite format 3\x00" + bytes(4000))
+    with pytest.raises(RecordError, match="not a torchmem session"):
+        load(tmp_path / "other.db")
 
 
 @pytest.mark.slow

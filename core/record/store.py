@@ -29,6 +29,7 @@ import msgpack
 from torchmem.events import Event, Sample
 from torchmem.transport.protocol import ProtocolError
 from torchmem.transport.wire import event_from_wire, event_to_wire
+from torchmem.units import format_bytes
 
 #: ``PRAGMA application_id``: "tmem".
 APPLICATION_ID = 0x746D656D
@@ -152,14 +153,32 @@ class SessionFile:
             except sqlite3.Error as exc:
                 raise RecordError(f"cannot open {self.path}: {exc}") from None
         except sqlite3.DatabaseError as exc:
-            raise RecordError(f"{self.path} is not a torchmem session ({exc})") from None
+            raise self._unreadable(exc) from None
+
+    def _unreadable(self, exc: sqlite3.DatabaseError) -> RecordError:
+        """Why SQLite refused the file: a torchmem session that is damaged (its header says
+        whose it is, even when the rest cannot be read) or not a session at all."""
+        try:
+            with self.path.open("rb") as handle:
+                header = handle.read(100)
+        except OSError:
+            header = b""
+        ours = header.startswith(b"SQLite format 3\x00") and len(header) == 100
+        if ours and int.from_bytes(header[68:72], "big") == APPLICATION_ID:
+            size = format_bytes(self.path.stat().st_size)
+            return RecordError(
+                f"{self.path} is a torchmem session ({size}) too damaged to read ({exc}):"
+                " it was cut short or overwritten after it was recorded (a copy that did"
+                " not finish?). A run killed while recording leaves a readable file."
+            )
+        return RecordError(f"{self.path} is not a torchmem session ({exc})")
 
     def _check(self) -> None:
         try:
             app = self.conn.execute("PRAGMA application_id").fetchone()[0]
             version = self.conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
-            raise RecordError(f"{self.path} is not a torchmem session ({exc})") from None
+            raise self._unreadable(exc) from None
         if app != APPLICATION_ID:
             raise RecordError(
                 f"{self.path} is an SQLite database of another program, not a torchmem session"
