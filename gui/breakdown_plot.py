@@ -150,11 +150,13 @@ class BreakdownPlot(QWidget):
 
 def _legend_html(newest: np.ndarray, device: str) -> str:
     """Swatches with the newest census's bytes per kind, kinds that hold nothing left out."""
+    # A kind and its figure never break apart ("278.1" on one line, "KiB" on the next):
+    # lines break only between kinds.
     parts = [
-        f'<span style="color:{KIND_COLORS[kind]}">■</span>&nbsp;{KIND_LABELS[kind]}&nbsp;'
-        f"<b>{format_bytes(float(nbytes))}</b>"
+        f'<span style="color:{KIND_COLORS[kind]}">■</span>&nbsp;'
+        + f"{KIND_LABELS[kind]} <b>{format_bytes(float(nbytes))}</b>".replace(" ", "&nbsp;")
         for kind, nbytes in zip(KINDS, newest, strict=True)
         if nbytes > 0
     ]
-    total = format_bytes(float(newest.sum()))
+    total = format_bytes(float(newest.sum())).replace(" ", "&nbsp;")
     return f"{device}: <b>{total}</b> &nbsp; " + " &nbsp; ".join(parts)

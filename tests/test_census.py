@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -152,6 +153,43 @@ def test_sparse_meta_and_unnamed_tensors():
     names = {t.name for t in c.tensors()}
     assert {"sp.indices", "sp.values", "csr.crow_indices", "csr.col_indices", "csr.values"} <= names
     assert any(s.label == "meta" and "meta tensor" in s.reason for s in c.skipped)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own imports
+def test_a_compiled_model_keeps_its_names_and_its_tracing_tensors_cost_nothing():
+    """torch.compile: the wrapper's ``_orig_mod`` is left out of every name, and the fake
+    tensors that compiled graphs keep (shapes over a meta storage, whose data pointer
+    raises) are listed as skipped, once per type, instead of failing the census (which,
+    at a step boundary, ended the user's script)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    compiled = torch.compile(model)  # compiles at its first call: none here
+    with FakeTensorMode():
+        traced = [torch.empty(1000, 1000) for _ in range(3)]
+    c = take_census([("", {"compiled": compiled, "traced": traced})])
+    names = {t.name for t in c.tensors()}
+    assert {"compiled.0.weight", "compiled.2.bias"} <= names
+    assert not any("_orig_mod" in n for n in names)
+    assert [(s.label, "tracing" in s.reason) for s in c.skipped] == [("3 FakeTensors", True)]
+    assert c.total_bytes("cpu") < 4_000_000  # their 12 MB are not counted
+    del traced
+
+
+class _Unsizable(torch.Tensor):
+    """A subclass that will not tell its layout in memory (as some wrapper subclasses)."""
+
+    def stride(self, *args):
+        raise RuntimeError("this subclass has no strides to show")
+
+
+def test_a_tensor_that_cannot_be_sized_is_listed_and_the_rest_counted():
+    odd = torch.zeros(300).as_subclass(_Unsizable)
+    plain = torch.zeros(1000)
+    c = take_census([("", {"odd": odd, "plain": plain})])
+    assert storage_of(c, plain).nbytes == 4000
+    (skip,) = [s for s in c.skipped if s.label == "odd"]
+    assert "_Unsizable could not be sized: this subclass has no strides" in skip.reason
 
 
 def test_diff_reports_new_freed_and_named_share():

@@ -121,3 +121,22 @@ def test_a_snapshot_that_cannot_be_written_says_where_and_why(stub_cuda, tmp_pat
     result = save_snapshot([TorchAllocatorBackend(stub_cuda, "cuda")], now, blocker / "snaps")
     assert not result.ok
     assert result.message.startswith(f"cannot write a snapshot in {blocker / 'snaps'}")
+
+
+def test_a_census_that_fails_is_a_failed_command_with_its_reason():
+    import torch
+
+    class Broken(torch.nn.Module):
+        def children(self):
+            raise RuntimeError("children() of a broken module")
+
+    broken = Broken()
+    session = Session()
+    source = InProcessSource(session, [ProcessBackend()])
+    (result,) = source.command("census")
+    assert not result.ok
+    assert result.message == "the census failed: RuntimeError: children() of a broken module"
+    del broken
+    (result,) = source.command("census")
+    latest, _ = session.censuses()
+    assert result.ok and latest is not None and latest.trigger == "user"

@@ -12,7 +12,16 @@ import sys
 from typing import Any
 
 from torchmem.cli.summary import build_summary, step_time, write_summary
-from torchmem.events import AlertKind, Event, Marker, MarkerKind, RunFinished, RunStatus
+from torchmem.events import (
+    AlertKind,
+    Event,
+    LogRecord,
+    Marker,
+    MarkerKind,
+    RunFinished,
+    RunStatus,
+    Stream,
+)
 from torchmem.leaks.oom import explain_oom
 from torchmem.probe.backends import peak_rss
 from torchmem.probe.eval_watch import EvalWatch
@@ -75,6 +84,13 @@ def _warn(message: str) -> None:
     sys.stderr.write(f"torchmem: {message}\n")
 
 
+def _say_notes(event: Event) -> None:
+    """torchmem's own remarks on the run (a census that failed, say) go to the terminal as
+    they happen: headless, there is no Log pane to show them."""
+    if isinstance(event, LogRecord) and event.stream is Stream.TORCHMEM:
+        sys.__stderr__.write(f"torchmem: {event.text}\n")
+
+
 def run_headless(
     script: str,
     args: list[str],
@@ -98,6 +114,7 @@ def run_headless(
     With ``record``, the run is written into that new session file as it happens.
     """
     session = Session()
+    session.subscribe(_say_notes)
     source = InProcessSource(session, hz=hz)
     recorder = None
     if record:

@@ -44,6 +44,10 @@ from torchmem.tensors.schedule import CensusSchedule
 from torchmem.tensors.walk import take_census
 
 
+class CensusFailed(RuntimeError):
+    """A census asked of the script's thread failed there (the message says why)."""
+
+
 class WatchedThread:
     """Code that already runs in this process (``torchmem.serve()``): its steps, its stop.
 
@@ -107,6 +111,8 @@ class InProcessSource:
         self._census_wanted = threading.Event()
         self._census_done = threading.Event()
         self._census_reply: CensusTaken | None = None
+        self._census_error = ""
+        self._census_failed = False  # automatic censuses are off for the run after a failure
         self._abandoned = False
         self._history_on = False  # CUDA allocation history, as the user last set it
         #: The measured commands of probe.commands.COMMANDS, by name.
@@ -159,6 +165,7 @@ class InProcessSource:
         self._runner = runner
         _active = self
         self.census_schedule.reset()
+        self._census_failed = False
         self._boundary = BoundaryClock(self.pace)
         self.sampler.start()
         self.find_accelerators()  # after the sampler: host memory is drawn meanwhile
@@ -191,6 +198,7 @@ class InProcessSource:
         tracker.install(ident)
         self._runner = WatchedThread(tracker, ident, script)
         self.census_schedule.reset()
+        self._census_failed = False
         self.sampler.start()
         self.find_accelerators()
 
@@ -241,12 +249,30 @@ class InProcessSource:
                 self._boundary.cost(time.thread_time() - started)
             if self._census_wanted.is_set():
                 self._census_wanted.clear()
-                self._census_reply = self.census("user", event.step)
+                self._census_reply = self._boundary_census("user", event.step)
                 self._census_done.set()
+            elif self._census_failed:
+                pass
             elif self.leaks.census_due(event.step):
-                self.census("leak", event.step)
+                self._boundary_census("leak", event.step)
             elif self.census_schedule.on_step(event.step):
-                self.census("step", event.step)
+                self._boundary_census("step", event.step)
+
+    def _boundary_census(self, trigger: str, step: int | None) -> CensusTaken | None:
+        """A census in the script's own thread, at its step boundary: whatever goes wrong
+        in it is torchmem's problem, never the script's. The first failure is said in the
+        log, and automatic censuses stop for the run (a user's request still tries)."""
+        try:
+            return self.census(trigger, step)
+        except Exception as exc:  # an exception here would end the user's run
+            self._census_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            if not self._census_failed:
+                self._census_failed = True
+                self.session.note(
+                    f"a census failed at step {step} ({self._census_error}); the script "
+                    "goes on, without automatic censuses for this run."
+                )
+            return None
 
     def request_census(self, wait_s: float = 2.0) -> CensusTaken:
         """A census for a user: at the script's next step boundary if it steps soon.
@@ -258,10 +284,13 @@ class InProcessSource:
         if self._runner is not None:
             self._census_done.clear()
             self._census_wanted.set()
-            if self._census_done.wait(wait_s):
-                return self._census_reply
-            self._census_wanted.clear()
-            if self._census_done.is_set():  # it landed just now
+            landed = self._census_done.wait(wait_s)
+            if not landed:
+                self._census_wanted.clear()
+                landed = self._census_done.is_set()  # it landed just now
+            if landed:
+                if self._census_reply is None:
+                    raise CensusFailed(self._census_error)
                 return self._census_reply
         return self.census("user")
 
@@ -323,7 +352,11 @@ class InProcessSource:
         return [result]
 
     def _census_command(self, now: Callable[[], float]) -> CommandResult:
-        taken = self.request_census()
+        try:
+            taken = self.request_census()
+        except Exception as exc:  # said in the result, as every command's failure is
+            text = str(exc) if isinstance(exc, CensusFailed) else f"{type(exc).__name__}: {exc}"
+            return CommandResult(now(), "census", False, f"the census failed: {text}")
         _, previous = self.session.censuses()
         message = describe_census(taken.census, previous.census if previous else None)
         return CommandResult(now(), "census", True, message)

@@ -14,10 +14,12 @@ alive (a tensor a user asks about is found again by :meth:`TensorInfo.alive`).
 from __future__ import annotations
 
 import gc
+import sys
 import time
 import types
 from collections.abc import Iterable, Iterator
 from itertools import compress, islice
+from operator import not_
 from typing import Any
 
 from torchmem.tensors.heap import objects_of_types
@@ -47,7 +49,13 @@ MAX_REFERRER_TENSORS = 32
 def _module_paths(root: Any, var_names: dict[int, str]) -> Iterator[tuple[str, Any]]:
     base = var_names.get(id(root)) or type(root).__name__
     for name, module in root.named_modules():
-        yield (f"{base}.{name}" if name else base), module
+        yield _unwrapped(f"{base}.{name}" if name else base), module
+
+
+def _unwrapped(path: str) -> str:
+    """``path`` without the ``_orig_mod`` that torch.compile's wrapper puts in every name
+    of the module it compiles: ``model.fc.weight``, the name the user knows."""
+    return path.replace("._orig_mod", "") if "._orig_mod" in path else path
 
 
 def _label(t: Any) -> str:
@@ -212,6 +220,18 @@ class _Walk:
         else:
             self._add_sparse(t, name, kind, named)
 
+    def skip_failed(self, t: Any, exc: Exception) -> None:
+        """List ``t`` as skipped because sizing it raised (a tensor subclass with a storage
+        torch will not show), instead of failing the census."""
+        entries = self.names.get(id(t))
+        try:
+            label = entries[0][0] if entries else _label(t)
+        except Exception:  # its dtype or shape raise too
+            label = type(t).__name__
+        text = str(exc).strip()
+        reason = text.splitlines()[0][:120] if text else type(exc).__name__
+        self.skipped.append(Skipped(label, f"{type(t).__name__} could not be sized: {reason}"))
+
     def _skip_storageless(self, t: Any, name: str, exc: Exception) -> None:
         text = str(exc).strip()
         reason = text.splitlines()[0][:120] if text else type(exc).__name__
@@ -368,15 +388,49 @@ def take_census(
             gc.enable()
 
 
+#: Tensor types of torch.compile and export tracing: shapes and dtypes over a meta storage,
+#: no memory (a FakeTensor's ``data_ptr()`` raises). Compiled models keep them alive in
+#: their graphs' metadata. Looked up in ``sys.modules`` only: never imported for this.
+_TRACING_TYPES = (
+    ("torch._subclasses.fake_tensor", "FakeTensor"),
+    ("torch._subclasses.functional_tensor", "FunctionalTensor"),
+)
+
+
+def _tracing_types(tensor_types: set[type]) -> set[type]:
+    """The types among ``tensor_types`` that only trace (see ``_TRACING_TYPES``)."""
+    bases = tuple(
+        cls
+        for module, name in _TRACING_TYPES
+        if (cls := getattr(sys.modules.get(module), name, None)) is not None
+    )
+    return {tp for tp in tensor_types if issubclass(tp, bases)} if bases else set()
+
+
 def _find_objects(
     torch: Any, excluded: set[int]
-) -> tuple[list[Any], list[Any], list[Any], set[type]]:
-    """Every tensor, module and optimizer on the heap, and the tensor types among them."""
+) -> tuple[list[Any], list[Any], list[Any], set[type], list[Skipped]]:
+    """Every tensor, module and optimizer on the heap, the tensor types among them, and a
+    line for each kind of tracing tensor left out (they hold no memory)."""
     found, tensor_types = objects_of_types((torch.Tensor, torch.nn.Module, torch.optim.Optimizer))
     tensors, modules, optimizers = found
+    skipped: list[Skipped] = []
+    tracing = _tracing_types(tensor_types)
+    if tracing:
+        kinds = list(map(type, tensors))
+        for tp in sorted(tracing, key=lambda tp: tp.__name__):
+            n = kinds.count(tp)
+            skipped.append(
+                Skipped(
+                    f"{n:,} {tp.__name__}{'s' if n > 1 else ''}",
+                    "torch.compile / export tracing: shapes only, no memory of their own",
+                )
+            )
+        tensors = list(compress(tensors, map(not_, map(tracing.__contains__, kinds))))
+        tensor_types -= tracing
     if excluded:
         tensors = [t for t in tensors if id(t) not in excluded]
-    return tensors, modules, optimizers, tensor_types
+    return tensors, modules, optimizers, tensor_types, skipped
 
 
 def _take_census(
@@ -389,8 +443,9 @@ def _take_census(
 ) -> Census:
     walk = _Walk(torch, {id(o) for o in exclude})
     Tensor, Module, Optimizer = torch.Tensor, torch.nn.Module, torch.optim.Optimizer
-    tensors, modules, optimizers, tensor_types = _find_objects(torch, walk.exclude)
+    tensors, modules, optimizers, tensor_types, tracing = _find_objects(torch, walk.exclude)
     walk.tensor_types |= tensor_types
+    walk.skipped += tracing
 
     # 1. Module paths (all names of tied weights), buffers, .grad.
     var_names: dict[int, str] = {}
@@ -411,13 +466,13 @@ def _take_census(
         if used[base] > 1:
             base = f"{base}#{used[base]}"
         for pname, p in root.named_parameters(remove_duplicate=False):
-            full = f"{base}.{pname}"
+            full = _unwrapped(f"{base}.{pname}")
             walk.name(p, full, "parameter")
             param_names.setdefault(id(p), full)
             if p.grad is not None:
                 walk.name(p.grad, f"{full}.grad", "gradient")
         for bname, b in root.named_buffers(remove_duplicate=False):
-            walk.name(b, f"{base}.{bname}", "buffer")
+            walk.name(b, _unwrapped(f"{base}.{bname}"), "buffer")
 
     # 2. Optimizer state, named after the parameter it belongs to.
     per_class: dict[type, int] = {}
@@ -460,19 +515,22 @@ def _take_census(
     # 5. Everything into storages, named first so that their names win.
     add = walk.add
     for t in tensors:
-        entries = names.get(id(t))
-        if entries:
-            if len(entries) > 1:
-                entries.sort(key=lambda e: KIND_RANK[e[1]])
-                all_names = tuple(n for n, _ in entries)
+        try:
+            entries = names.get(id(t))
+            if entries:
+                if len(entries) > 1:
+                    entries.sort(key=lambda e: KIND_RANK[e[1]])
+                    all_names = tuple(n for n, _ in entries)
+                else:
+                    all_names = (entries[0][0],)
+                name, kind = entries[0]
+                if kind == "plain" and id(t) in graph_ids:
+                    kind = "activation"
+                add(t, name, kind, True, all_names)
             else:
-                all_names = (entries[0][0],)
-            name, kind = entries[0]
-            if kind == "plain" and id(t) in graph_ids:
-                kind = "activation"
-            add(t, name, kind, True, all_names)
-        else:
-            add(t, _label(t), "activation" if id(t) in graph_ids else "plain", False, ())
+                add(t, _label(t), "activation" if id(t) in graph_ids else "plain", False, ())
+        except Exception as exc:  # a tensor subclass torch cannot size: listed, never fatal
+            walk.skip_failed(t, exc)
     # Saved tensors come back from the graph as new Python objects over the same storage:
     # name the storage's unnamed tensors after the graph, and add only unseen storages.
     renamed: set[int] = set()
