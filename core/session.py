@@ -9,6 +9,7 @@ a printing script would otherwise redraw every trace at the bridge's full rate.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -36,6 +37,7 @@ from torchmem.series import split_key
 from torchmem.timeseries import SeriesBuffer, StepClock
 
 Listener = Callable[[Event], None]
+log = logging.getLogger(__name__)
 
 
 class Session:
@@ -44,6 +46,7 @@ class Session:
     def __init__(self, recent: int = 6000, buckets: int = 2048, max_log: int = 20000) -> None:
         self._lock = threading.RLock()
         self._listeners: list[Listener] = []
+        self._failed_listeners: set[str] = set()
         self._recent, self._buckets = recent, buckets
         self._max_log = max_log
         self.t0 = time.monotonic()
@@ -135,7 +138,30 @@ class Session:
                 self.revision += 1
             listeners = list(self._listeners)
         for listener in listeners:
-            listener(event)
+            try:
+                listener(event)
+            except Exception as exc:  # raised into a source's thread: the user's loop, maybe
+                self._listener_failed(listener, exc)
+
+    def _listener_failed(self, listener: Listener, exc: Exception) -> None:
+        """A model or view that raised on an event is torchmem's bug, never the run's: the
+        event was applied and the other listeners got it; the first traceback of each
+        listener goes to Python's ``logging`` (the terminal), and the run's log says it.
+
+        Events are submitted from the script's own thread at its step boundaries, and from
+        the sampler's thread: an exception let through would end the user's training (or
+        stop the sampling) for a bug in, say, the leak detector.
+        """
+        name = getattr(listener, "__qualname__", type(listener).__name__)
+        with self._lock:
+            first = name not in self._failed_listeners
+            self._failed_listeners.add(name)
+        if not first:
+            log.debug("torchmem: %s failed again", name, exc_info=exc)
+            return
+        log.error("torchmem: %s failed on an event", name, exc_info=exc)
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        self.note(f"internal error in {name} ({text}); the run goes on. Please report it.")
 
     def _apply(self, event: Event) -> None:
         if isinstance(event, Sample):

@@ -58,3 +58,41 @@ def test_the_command_table_labels_every_command_and_keeps_apart_from_protocol_re
     assert not set(COMMANDS) & set(INLINE_REQUESTS)
     for command in COMMANDS.values():
         assert command.label and command.label[0] not in " .", command.name
+
+
+def test_a_listener_that_raises_never_ends_the_script_nor_starves_the_others(caplog):
+    """Step markers are submitted from the script's own thread: a bug in one of the
+    Session's listeners (the leak detector, the recorder, a view) must not reach the
+    training loop. The run ends as it would, every listener sees every event, and the
+    run's log says once what failed."""
+    from conftest import SCRIPTS
+
+    from torchmem.events import Marker, MarkerKind, RunStatus
+    from torchmem.sources.base import Script
+
+    session = Session()
+    seen: list[int] = []
+
+    def broken_view(event):
+        if isinstance(event, Marker):
+            raise ValueError("a view's bug")
+
+    session.subscribe(broken_view)
+    session.subscribe(
+        lambda e: seen.append(e.step) if isinstance(e, Marker) and e.kind is MarkerKind.STEP else 0
+    )
+    source = InProcessSource(session, [ProcessBackend()])
+    try:
+        result = source.run_script(Script(str(SCRIPTS / "train_steps.py"), ("5",), None, False))
+    finally:
+        source.close()
+    assert result.status is RunStatus.FINISHED, result.message
+    assert seen == [1, 2, 3, 4, 5] and session.steps.steps == 5
+    assert [m.label for m in session.markers] == ["epoch 1", "epoch 2"]
+    notes = [r.text for r in session.logs if "internal error" in r.text]
+    assert notes == [
+        "internal error in test_a_listener_that_raises_never_ends_the_script_nor_starves_the_"
+        "others.<locals>.broken_view (ValueError: a view's bug); the run goes on. Please "
+        "report it."
+    ]
+    assert sum("broken_view failed on an event" in r.getMessage() for r in caplog.records) == 1
