@@ -134,6 +134,29 @@ def test_isolated_run_handles_signals_and_survives_a_segfault(
     assert window.isVisible(), "the window lives on"
 
 
+def test_an_isolated_runs_worker_processes_and_c_code_reach_the_log_once(
+    qtbot, make_window, script_path, runtime_dir
+):
+    """In a child process, the agent forwards what the script prints; a DataLoader worker,
+    a spawned process (mp.spawn's ranks) and C code write to the child's terminal, which
+    went to /dev/null. Every line now reaches the Log pane, each once, whole."""
+    window = make_window()
+    window.act_isolated.setChecked(True)
+    window.load_script(script_path("workers_print.py"), [], run=True)
+    result = finish(qtbot, window)
+    assert result.status is RunStatus.FINISHED, log_text(window)
+    lines = log_text(window).splitlines()
+    for line in (
+        "hello from the script",
+        "hello from loader worker 0",
+        "hello from spawned rank 1",
+        "hello from C code",
+        "the script ends",
+    ):
+        assert lines.count(line) == 1, (line, lines)
+    assert lines.index("hello from the script") < lines.index("the script ends")
+
+
 def test_isolated_run_stops_on_request(qtbot, make_window, script_path, runtime_dir):
     window = make_window()
     window.act_isolated.setChecked(True)

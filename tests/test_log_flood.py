@@ -3,11 +3,12 @@ pane that stays responsive by skipping what it would drop anyway (and says so)."
 
 from __future__ import annotations
 
+import threading
 import time
 
 from torchmem.events import LogRecord, Marker, RunFinished, Stream
 from torchmem.gui.log_pane import MAX_LINES, LogPane
-from torchmem.probe.log_batch import LogBatcher
+from torchmem.probe.log_batch import BATCH_S, LogBatcher
 from torchmem.probe.runner import ScriptRunner
 
 
@@ -116,6 +117,24 @@ def test_a_quiet_line_goes_out_at_once_and_streams_keep_their_order():
     assert [(e.stream, e.text) for e in events[1:]] == [
         (Stream.STDOUT, "a\n"), (Stream.STDERR, "b\n"), (Stream.STDOUT, "c\n"),
     ]  # fmt: skip
+
+
+def test_a_quiet_prints_text_and_newline_go_out_together_and_a_prompt_on_its_own():
+    """print() writes its text, then its newline: a quiet script's line went out in two
+    halves, and in an isolated run a worker's line could land between them."""
+    events: list[LogRecord] = []
+    sent = threading.Event()
+    batcher = LogBatcher(lambda e: (events.append(e), sent.set()), time.monotonic)
+    try:
+        batcher.write(Stream.STDOUT, "loss 0.25")
+        batcher.write(Stream.STDOUT, "\n")
+        assert [e.text for e in events] == ["loss 0.25\n"]
+        time.sleep(BATCH_S)  # a quiet spell: the next text would go out at once
+        sent.clear()
+        batcher.write(Stream.STDOUT, "name? ")  # input()'s prompt: no newline will follow
+        assert sent.wait(10) and events[-1].text == "name? "
+    finally:
+        batcher.close()
 
 
 def test_a_scripts_lines_come_before_the_step_that_follows_them(tmp_path):

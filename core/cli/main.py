@@ -224,6 +224,7 @@ def _main(argv: list[str]) -> int:
             wait_attach=opts.wait_attach,
             max_steps=opts.max_steps,
             record=opts.record,
+            echo=not opts.no_echo,
         )
 
     demo_args: list[str] = []

@@ -138,6 +138,9 @@ def run_parser() -> argparse.ArgumentParser:
         help="stop the script cleanly after N training steps, and exit 0 (a quick check)",
     )
     add_record(p)
+    # An isolated run's child: its window shows the output (through the agent, and what
+    # the capture cannot see through the child's terminal), so nothing is written twice.
+    p.add_argument("--no-echo", action="store_true", help=argparse.SUPPRESS)
     # Optional here so that a missing script gets one plain line (argparse would also
     # call the script's arguments required).
     add_script(p, optional=True)

@@ -91,6 +91,40 @@ def _say_notes(event: Event) -> None:
         sys.__stderr__.write(f"torchmem: {event.text}\n")
 
 
+def _tell(
+    session: Session,
+    result: RunFinished,
+    data: dict[str, Any],
+    oom: Any,
+    quiet: bool,
+    recorder: Any,
+) -> None:
+    """The run's account on the terminal: where it was recorded, the script's traceback,
+    the closing line (unless quiet and fine), an OOM's explanation, and every alert."""
+    if recorder is not None and recorder.error is None and not quiet:
+        sys.stderr.write(f"torchmem: recorded in {recorder.path}\n")
+    if result.traceback:
+        sys.stderr.write(result.traceback)
+    if not quiet or result.status is not RunStatus.FINISHED:
+        peaks = ", ".join(
+            f"{'RSS' if k == 'cpu_rss' else k} {format_bytes(v)}"
+            for k, v in data["peak_bytes"].items()
+        )
+        sys.stderr.write(
+            f"torchmem: {result.message} (exit code {result.exit_code}) after "
+            f"{result.duration_s:.1f} s, {data['steps']} steps, {data['samples']} samples; "
+            f"peaks: {peaks or 'none'}\n"
+        )
+    if oom is not None:
+        sys.stderr.write("".join(f"torchmem: {line}\n" for line in oom.lines()))
+    for alert in session.alert_list():
+        sys.stderr.write(
+            f"torchmem: {alert.severity.upper()} {alert.kind} ({alert.state}, first at step "
+            f"{alert.first_step}): {alert.message}\n"
+            + (f"torchmem:   fix: {alert.suggestion}\n" if alert.suggestion else "")
+        )
+
+
 def run_headless(
     script: str,
     args: list[str],
@@ -104,6 +138,7 @@ def run_headless(
     wait_attach: float = 0.0,
     max_steps: int | None = None,
     record: str | None = None,
+    echo: bool = True,
 ) -> int:
     """Run ``script`` with monitoring; return its exit code (130 when interrupted).
 
@@ -112,9 +147,12 @@ def run_headless(
     is stopped at its step boundary after that many steps, and that counts as success
     (exit code 0): how tuning trials and quick checks run a few steps of a long training.
     With ``record``, the run is written into that new session file as it happens.
+    Without ``echo`` (an isolated run's child, whose window shows all of it), neither the
+    script's captured output nor torchmem's account of the run is written to the terminal.
     """
     session = Session()
-    session.subscribe(_say_notes)
+    if echo:
+        session.subscribe(_say_notes)
     source = InProcessSource(session, hz=hz)
     recorder = None
     if record:
@@ -160,7 +198,7 @@ def run_headless(
             )
     try:
         result = source.run_script(
-            Script(script, tuple(args), cwd, capture_output=agent is not None)
+            Script(script, tuple(args), cwd, capture_output=agent is not None, echo=echo)
         )
     finally:
         if evals is not None:
@@ -187,29 +225,9 @@ def run_headless(
         data["oom"] = oom.to_json()
     if recorder is not None:
         recorder.close({"summary": data})
-        if recorder.error is None and not quiet:
-            sys.stderr.write(f"torchmem: recorded in {recorder.path}\n")
-    if result.traceback:
-        sys.stderr.write(result.traceback)
-    if not quiet or result.status is not RunStatus.FINISHED:
-        peaks = ", ".join(
-            f"{'RSS' if k == 'cpu_rss' else k} {format_bytes(v)}"
-            for k, v in data["peak_bytes"].items()
-        )
-        sys.stderr.write(
-            f"torchmem: {result.message} (exit code {result.exit_code}) after "
-            f"{result.duration_s:.1f} s, {data['steps']} steps, {data['samples']} samples; "
-            f"peaks: {peaks or 'none'}\n"
-        )
-    if oom is not None:
-        sys.stderr.write("".join(f"torchmem: {line}\n" for line in oom.lines()))
+    if echo:
+        _tell(session, result, data, oom, quiet, recorder)
     leaks = [a for a in session.alert_list() if a.kind in LEAK_KINDS]
-    for alert in session.alert_list():
-        sys.stderr.write(
-            f"torchmem: {alert.severity.upper()} {alert.kind} ({alert.state}, first at step "
-            f"{alert.first_step}): {alert.message}\n"
-            + (f"torchmem:   fix: {alert.suggestion}\n" if alert.suggestion else "")
-        )
     if summary_path and not write_summary(summary_path, data):
         return result.exit_code or 1
     if fail_on_leak and leaks and result.exit_code == 0:

@@ -4,7 +4,8 @@
 every step makes thousands a second, and one event each crosses the Session's lock, every
 listener, the recorder and the window's GIL-sharing GUI thread: a script printing 300,000
 lines took 49 s in the window against 4 s headless. Writes of one stream are joined into
-one event at most every ``BATCH_S`` (a quiet script's line still goes out at once), and any
+one event at most every ``BATCH_S`` (a quiet script's line still goes out at once, with
+its newline; a text without one within ``BATCH_S``), and any
 other event of the run first flushes what is pending, so the order of lines and markers is
 kept.
 
@@ -55,6 +56,7 @@ class LogBatcher:
         self._parts: list[str] = []
         self._chars = 0
         self._t = 0.0
+        self._first = 0.0  # when the pending batch's first write came (monotonic)
         self._last_sent = 0.0
         self._thread: threading.Thread | None = None
         #: After :meth:`close`: no thread, every write is sent at once.
@@ -70,13 +72,14 @@ class LogBatcher:
                 self._send_locked()
             if not self._parts:
                 self._t = self._now()
+                self._first = time.monotonic()
             self._stream = stream
             self._parts.append(text)
             self._chars += len(text)
             if (
                 self._closed
                 or self._chars >= MAX_CHARS
-                or time.monotonic() - self._last_sent >= BATCH_S
+                or (time.monotonic() - self._last_sent >= BATCH_S and text.endswith("\n"))
             ):
                 self._send_locked()
             elif self._thread is None:
@@ -114,7 +117,14 @@ class LogBatcher:
                 if not self._parts:
                     self._wake.wait()
                     continue
-                due = self._last_sent + BATCH_S - time.monotonic()
+                due = self._last_sent + BATCH_S
+                if not self._parts[-1].endswith("\n"):
+                    # print() writes its newline microseconds after its text: a quiet
+                    # script's line waits for it, so that a line never arrives in two
+                    # halves with another process's output between them (an isolated
+                    # run's workers). A prompt without a newline still shows in BATCH_S.
+                    due = max(due, self._first + BATCH_S)
+                due -= time.monotonic()
                 if due > 0:
                     self._wake.wait(due)
                     continue

@@ -111,12 +111,21 @@ class ParentWatch:
         while self.parent_alive:
             if self._stop.wait(self.poll_s):
                 return
-        sys.stderr.write(
+        _say(
             f"torchmem: the window that started this run (pid {self.parent_pid}) is gone; "
             "stopping the script\n"
         )
         with contextlib.suppress(Exception):
             self.on_gone()
         if not self._stop.wait(self.grace_s):
-            sys.stderr.write("torchmem: the script did not stop; exiting\n")
+            _say("torchmem: the script did not stop; exiting\n")
             os._exit(self.exit_code)
+
+
+def _say(text: str) -> None:
+    """Tell stderr, which may be gone: an isolated child's stderr is a pipe to the window
+    that just died, and a write there raises BrokenPipeError (it ended this thread before
+    it could stop the script, once in five kills of the window)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(text)
+        sys.stderr.flush()

@@ -210,8 +210,11 @@ class ScriptRunner:
         cwd: str | os.PathLike[str] | None = None,
         capture_output: bool = True,
         on_oom: Callable[[BaseException], None] | None = None,
+        echo: bool = True,
     ) -> None:
         self.script = str(script)
+        #: Captured output also goes to the terminal (see :attr:`Script.echo`).
+        self.echo_output = echo
         #: Called in the script's thread with an out-of-memory error, while its traceback
         #: (and every tensor its frames hold) is still alive: the OOM census.
         self.on_oom = on_oom
@@ -273,7 +276,8 @@ class ScriptRunner:
         sys.argv = [str(path), *self.args]
         sys.path.insert(0, str(path if path.is_dir() else path.parent))
         if self.capture_output:
-            self._terminals = {Stream.STDOUT: saved_out, Stream.STDERR: saved_err}
+            if self.echo_output:
+                self._terminals = {Stream.STDOUT: saved_out, Stream.STDERR: saved_err}
             sys.stdout = _Tee(saved_out, Stream.STDOUT, self._log)
             sys.stderr = _Tee(saved_err, Stream.STDERR, self._log)
         self.tracker.install(self._thread_ident)

@@ -32,6 +32,10 @@ class Script:
     #: Variables set for this run only (allocator settings): honoured by a child process;
     #: a run in this process cannot change an allocator that may already be running.
     env: tuple[tuple[str, str], ...] = ()
+    #: Captured output is also written to the terminal (the streams it replaced). An
+    #: isolated child turns it off: its window reads the child's terminal for what the
+    #: capture cannot see (worker processes, C libraries), and would get the rest twice.
+    echo: bool = True
 
 
 @runtime_checkable

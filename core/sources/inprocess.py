@@ -161,6 +161,7 @@ class InProcessSource:
             script.cwd,
             script.capture_output,
             on_oom=self._on_oom,
+            echo=script.echo,
         )
         self._runner = runner
         _active = self

@@ -14,19 +14,19 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from torchmem.events import CommandResult, RunFinished, RunStarted, RunStatus
+from torchmem.events import CommandResult, RunFinished, RunStarted, RunStatus, Stream
 from torchmem.probe.allocator import ALLOCATOR_ENV
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.probe.runner import EXIT_STOPPED, ScriptError, validate_script
 from torchmem.session import Session
 from torchmem.sources.base import Script
+from torchmem.sources.child_output import ChildOutput
 from torchmem.sources.follow import follow
 from torchmem.sources.remote import RemoteSource
 from torchmem.sources.vanished import oom_killer_hint
@@ -35,6 +35,9 @@ from torchmem.transport.discovery import find_agent
 
 #: How long the child may take to import torch and start its agent.
 AGENT_TIMEOUT_S = 60.0
+#: How long the end of a run waits for the child's pipes to be read to their end (a
+#: worker the script left running can hold them open).
+OUTPUT_DRAIN_S = 1.0
 
 
 def _signal_name(code: int) -> str:
@@ -141,12 +144,10 @@ class IsolatedSource:
         except ScriptError as exc:
             return self._finish(RunFinished(s.now(), RunStatus.FAILED, 2, str(exc)))
         command = [
-            sys.executable, "-m", "torchmem", "run", "--attachable", "--quiet",
+            sys.executable, "-m", "torchmem", "run", "--attachable", "--quiet", "--no-echo",
             "--wait-attach", f"{AGENT_TIMEOUT_S:g}", "--hz", f"{self.hz:g}", str(path), *args,
         ]  # fmt: skip
-        env = dict(script.env)
-        with tempfile.TemporaryFile() as errors:
-            return self._run_child(command, path, args, cwd, errors, started, env)
+        return self._run_child(command, path, args, cwd, started, dict(script.env))
 
     def _run_child(
         self,
@@ -154,7 +155,6 @@ class IsolatedSource:
         path: Path,
         args: Sequence[str],
         cwd: str | None,
-        errors: Any,
         started: float,
         env: dict[str, str] | None = None,
     ) -> RunFinished:
@@ -164,16 +164,27 @@ class IsolatedSource:
                 command,
                 cwd=cwd,
                 # The child ends with this process, even if it is killed (see parent_watch).
-                env={**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())},
+                # Unbuffered: a worker's line arrives as it is printed, not at its exit.
+                env={
+                    **os.environ,
+                    **(env or {}),
+                    PARENT_ENV: str(os.getpid()),
+                    "PYTHONUNBUFFERED": "1",
+                },
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,  # the agent forwards the output as log records
-                stderr=errors,
+                # The agent forwards what the script prints; these pipes carry the rest
+                # (worker processes, C libraries): see child_output.
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 start_new_session=True,  # Ctrl+C in the window's terminal is not the child's
             )
         except OSError as exc:
             return self._finish(
                 RunFinished(s.now(), RunStatus.FAILED, 2, f"cannot start the child: {exc}")
             )
+        assert self.process.stdout is not None and self.process.stderr is not None
+        output = ChildOutput(self.process.stdout, Stream.STDOUT, s)
+        errors = ChildOutput(self.process.stderr, Stream.STDERR, s)
         s.note(
             f"isolated run: process {self.process.pid}"
             + "".join(f", {k}={v}" for k, v in (env or {}).items())
@@ -186,8 +197,9 @@ class IsolatedSource:
             if self.remote is not None:
                 self.remote.close()
         code = self.process.returncode if self.process.returncode is not None else -1
-        errors.seek(0)
-        stderr_tail = errors.read()[-4000:].decode("utf-8", "replace")
+        for reader in (output, errors):  # the last lines land before the run's end
+            reader.join(OUTPUT_DRAIN_S)
+        stderr_tail = errors.tail()
         if s.run_finished is not None and self.remote is not None and self.remote.run_finished_seen:
             result = s.run_finished
         elif code < 0:
