@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 export QT_QPA_PLATFORM=offscreen
 .venv/bin/ruff check .
 .venv/bin/lint-imports
-exec .venv/bin/python -m pytest "$@"
+# The slowest tests are listed at the end: what to look at when CI creeps up.
+exec .venv/bin/python -m pytest --durations=20 "$@"
