@@ -240,6 +240,31 @@ def test_a_forked_child_prints_while_another_thread_holds_the_log_lock(tmp_path)
     assert not thread.is_alive(), "the forked child hung on the log's lock"
     assert box["r"].exit_code == 0, box["r"].traceback
     assert "child exit 0" in logs(events)
+    assert "worker says hi\n" in logs(events), "a forked child's line reaches the run's log"
+
+
+def test_dataloader_workers_prints_reach_the_log_in_whole_lines(tmp_path):
+    """Two forked workers printing at once: every line arrives, none mixed with another
+    (print writes its newline apart from its text), and the terminal gets them too."""
+    script = tmp_path / "noisy_loader.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class Noisy(Dataset):\n"
+        "    def __len__(self): return 200\n"
+        "    def __getitem__(self, i):\n"
+        "        print(f'item {i:03d} ' + 'x' * 60)\n"
+        "        return torch.zeros(2)\n"
+        "for _ in DataLoader(Noisy(), batch_size=10, num_workers=2): pass\n"
+        "print('main done')\n"
+    )
+    events: list = []
+    runner = ScriptRunner(script, [], events.append)
+    assert runner.run().exit_code == 0
+    lines = logs(events).splitlines()
+    expected = [f"item {i:03d} " + "x" * 60 for i in range(200)]
+    assert sorted(line for line in lines if line.startswith("item")) == expected
+    assert "main done" in lines
 
 
 def test_one_classifier_says_out_of_memory_for_every_backend():

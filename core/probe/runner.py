@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import io
 import os
 import runpy
@@ -20,11 +21,12 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import ClassVar, TextIO
 
 from torchmem.events import Event, RunFinished, RunStarted, RunStatus, Stream
 from torchmem.probe.allocator import allocator_settings
 from torchmem.probe.log_batch import LogBatcher
+from torchmem.probe.pipe_lines import PipeLines
 from torchmem.probe.steps import ScriptStopped, StepTracker
 
 EXIT_STOPPED = 130  # what a shell reports for a run ended by Ctrl+C
@@ -81,19 +83,27 @@ def validate_script(path: str | os.PathLike[str]) -> Path:
     return p.resolve()
 
 
+#: How long the end of a run waits for its forked children's last lines.
+FORK_OUTPUT_DRAIN_S = 0.5
+
+
 class _Tee(io.TextIOBase):
     """A text stream that logs each write; the log's batches echo it to the terminal.
 
     The echo is not written here, write by write: see :mod:`torchmem.probe.log_batch` for
     why a write per line costs a script in the window more than its own work.
 
-    In a forked child (a DataLoader worker) it only writes through: the sink takes locks
-    (the Session's) that another thread of the parent may have held at the fork, and a
-    child that waits for them hangs for good (seen about once in 250 forks).
+    In a forked child (a DataLoader worker) the sink is never called: it takes locks (the
+    Session's) that another thread of the parent may have held at the fork, and a child
+    that waits for them hangs for good (seen about once in 250 forks). The child writes
+    whole lines to a pipe of the run instead (:attr:`fork_fds`, no lock on the way), which
+    the run reads into its log; without one, straight to the terminal.
     """
 
     #: Set in a child after ``os.fork()``; the child's writes skip the sink.
     forked = False
+    #: The write ends of the running run's pipes for forked children, per stream.
+    fork_fds: ClassVar[dict[Stream, int]] = {}
 
     def __init__(
         self, original: TextIO | None, stream: Stream, sink: Callable[[Stream, str], None]
@@ -107,19 +117,36 @@ class _Tee(io.TextIOBase):
 
     def write(self, text: str) -> int:
         if _Tee.forked:
-            if self._original is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    self._original.write(text)
+            self._forked_write(text)
         elif text:
             self._sink(self._stream, text)
         return len(text)
 
+    def _forked_write(self, text: str, end: bool = False) -> None:
+        fd = _Tee.fork_fds.get(self._stream)
+        if fd is None:
+            if self._original is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._original.write(text)
+            return
+        # Whole lines in one write each (atomic up to PIPE_BUF), so that two workers'
+        # lines never mix; print() writes its newline apart from its text.
+        pending = getattr(self, "_pending", "") + text
+        cut = len(pending) if end else pending.rfind("\n") + 1
+        self._pending = pending[cut:]
+        data = pending[:cut].encode("utf-8", "replace")
+        with contextlib.suppress(OSError):
+            while data:
+                data = data[os.write(fd, data) :]
+
     def flush(self) -> None:
         # Not a send: the batch reaches the terminal within BATCH_S anyway, and a script
         # that prints with flush=True in a loop would pay the GIL's toll at every line.
-        if _Tee.forked and self._original is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._original.flush()
+        if _Tee.forked:
+            self._forked_write("", end=True)
+            if self._original is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._original.flush()
 
     def isatty(self) -> bool:
         return False
@@ -275,11 +302,13 @@ class ScriptRunner:
         saved_cwd = os.getcwd()
         sys.argv = [str(path), *self.args]
         sys.path.insert(0, str(path if path.is_dir() else path.parent))
+        forked_output: list[PipeLines] = []
         if self.capture_output:
             if self.echo_output:
                 self._terminals = {Stream.STDOUT: saved_out, Stream.STDERR: saved_err}
             sys.stdout = _Tee(saved_out, Stream.STDOUT, self._log)
             sys.stderr = _Tee(saved_err, Stream.STDERR, self._log)
+            forked_output = self._open_fork_pipes()
         self.tracker.install(self._thread_ident)
         status, code, message, tb_text = RunStatus.FINISHED, 0, "", ""
         try:
@@ -306,12 +335,38 @@ class ScriptRunner:
                 self._fallback.cancel()
             self._done.set()
             self.tracker.uninstall()
+            self._close_fork_pipes(forked_output)
             self._output.close()
             sys.argv, sys.stdout, sys.stderr = saved_argv, saved_out, saved_err
             sys.path[:] = saved_path
             if os.getcwd() != saved_cwd:
                 os.chdir(saved_cwd)
         return self._finish(status, code, message, tb_text, started)
+
+    def _open_fork_pipes(self) -> list[PipeLines]:
+        """A pipe per stream for the run's forked children (DataLoader workers): what they
+        print reaches the run's log in whole lines, and the terminal with its batches."""
+        readers = []
+        for stream in (Stream.STDOUT, Stream.STDERR):
+            try:
+                read_fd, write_fd = os.pipe()  # close-on-exec: only forks inherit it
+            except OSError:  # out of descriptors: the workers write to the terminal
+                break
+            _Tee.fork_fds[stream] = write_fd
+            readers.append(
+                PipeLines(read_fd, functools.partial(self._log, stream), "torchmem-fork-output")
+            )
+        return readers
+
+    def _close_fork_pipes(self, readers: list[PipeLines]) -> None:
+        """Close this process's write ends; what workers still running print goes on
+        arriving until they exit. Their last lines are waited for a moment."""
+        for fd in _Tee.fork_fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        _Tee.fork_fds.clear()
+        for reader in readers:
+            reader.join(FORK_OUTPUT_DRAIN_S)
 
     def _finish(
         self, status: RunStatus, code: int, message: str, tb_text: str, started: float

@@ -16,17 +16,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchmem.events import CommandResult, RunFinished, RunStarted, RunStatus, Stream
+from torchmem.events import CommandResult, LogRecord, RunFinished, RunStarted, RunStatus, Stream
 from torchmem.probe.allocator import ALLOCATOR_ENV
 from torchmem.probe.parent_watch import PARENT_ENV
+from torchmem.probe.pipe_lines import PipeLines
 from torchmem.probe.runner import EXIT_STOPPED, ScriptError, validate_script
 from torchmem.session import Session
 from torchmem.sources.base import Script
-from torchmem.sources.child_output import ChildOutput
 from torchmem.sources.follow import follow
 from torchmem.sources.remote import RemoteSource
 from torchmem.sources.vanished import oom_killer_hint
@@ -172,8 +172,10 @@ class IsolatedSource:
                     "PYTHONUNBUFFERED": "1",
                 },
                 stdin=subprocess.DEVNULL,
-                # The agent forwards what the script prints; these pipes carry the rest
-                # (worker processes, C libraries): see child_output.
+                # The agent forwards what the script prints. These pipes carry the rest:
+                # spawned processes (mp.spawn's ranks: the DDP tutorial prints from there)
+                # and C libraries (gloo, NCCL, faulthandler's crash report). The child
+                # echoes nothing of its own here (--no-echo): each line comes once.
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # Ctrl+C in the window's terminal is not the child's
@@ -183,8 +185,8 @@ class IsolatedSource:
                 RunFinished(s.now(), RunStatus.FAILED, 2, f"cannot start the child: {exc}")
             )
         assert self.process.stdout is not None and self.process.stderr is not None
-        output = ChildOutput(self.process.stdout, Stream.STDOUT, s)
-        errors = ChildOutput(self.process.stderr, Stream.STDERR, s)
+        output = PipeLines(self.process.stdout, self._logger(Stream.STDOUT), "torchmem-child-out")
+        errors = PipeLines(self.process.stderr, self._logger(Stream.STDERR), "torchmem-child-err")
         s.note(
             f"isolated run: process {self.process.pid}"
             + "".join(f", {k}={v}" for k, v in (env or {}).items())
@@ -231,6 +233,11 @@ class IsolatedSource:
                 time.monotonic() - started,
             )
         return self._finish(result)
+
+    def _logger(self, stream: Stream) -> Callable[[str], None]:
+        """Submits text read from the child's ``stream`` as the run's log."""
+        session = self.session
+        return lambda text: session.submit(LogRecord(session.now(), stream, text))
 
     def _attach(self, path: Path, args: Sequence[str]) -> None:
         """Wait for the child's agent and attach; a child that dies first is reported."""
