@@ -361,10 +361,13 @@ class ScriptRunner:
     def _close_fork_pipes(self, readers: list[PipeLines]) -> None:
         """Close this process's write ends; what workers still running print goes on
         arriving until they exit. Their last lines are waited for a moment."""
-        for fd in _Tee.fork_fds.values():
+        # Forgotten before closed: a fork meanwhile must never inherit a closed number
+        # that this process may reuse for something else.
+        fds = list(_Tee.fork_fds.values())
+        _Tee.fork_fds.clear()
+        for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        _Tee.fork_fds.clear()
         for reader in readers:
             reader.join(FORK_OUTPUT_DRAIN_S)
 
