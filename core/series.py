@@ -54,6 +54,16 @@ METRICS: dict[str, Metric] = {
         "the RSS of the same moment, which it never exceeds.",
         sparse=True,
     ),
+    "children": Metric(
+        "child processes",
+        "What the process's children (DataLoader workers, mp.spawn ranks, whatever else it "
+        "started; not torchmem's own helpers) add to the machine: the sum of their USS, the "
+        "pages each holds alone. A "
+        "forked worker shares its parent's pages, which the parent's RSS already counts (its "
+        "own RSS would count them again); it grows as workers touch, and so copy, those "
+        "pages: a Python list in a Dataset does that. Read with USS, at most every 2 s.",
+        sparse=True,
+    ),
     "heap_free": Metric(
         "C heap free",
         "Bytes the C library's malloc holds free in this process's heap (glibc mallinfo2): "

@@ -29,6 +29,7 @@ COLORS = {
     "uss": "#17becf",
     "available": "#8c8c8c",
     "heap_free": "#8c564b",
+    "children": "#bc5090",
 }
 DASHED = {"peak_allocated", "available", "heap_free"}
 HIDDEN_BY_DEFAULT = {"available", "heap_free"}

@@ -129,3 +129,59 @@ def test_rss_comes_from_a_kept_open_statm_and_a_dead_process_still_says_so():
     child.wait()
     with pytest.raises(psutil.NoSuchProcess):
         other.read({}, full=False)
+
+
+def test_the_workers_memory_is_what_they_hold_alone_and_helpers_are_not_workers():
+    """Forked workers (as a DataLoader's) are read as the sum of their USS: the 40 MiB
+    each one writes count, the parent's pages they share do not. A process torchmem
+    started (here one whose command line names torchmem) is not a worker."""
+    import multiprocessing
+    import subprocess
+    import sys
+
+    from torchmem.probe.workers import workers_memory
+
+    base_count, base_uss = workers_memory()  # pytest-xvfb's Xvfb, for one
+    ballast = bytearray(200 << 20)  # the parent's pages: shared with forks, not theirs
+    ctx = multiprocessing.get_context("fork")
+    ready, done = ctx.Barrier(3), ctx.Event()
+
+    def worker() -> None:
+        own = bytearray(40 << 20)  # written: pages of its own
+        ready.wait()
+        done.wait(60)
+        del own
+
+    workers = [ctx.Process(target=worker) for _ in range(2)]
+    helper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)  # torchmem.lab.worker"]
+    )
+    try:
+        for w in workers:
+            w.start()
+        ready.wait(60)
+        count, uss = workers_memory()
+        assert count == base_count + 2  # the two forks; not the helper
+        assert 80 << 20 <= uss - base_uss < 150 << 20, uss  # not 2 x 200 MiB of ballast
+    finally:
+        done.set()
+        for w in workers:
+            w.join(30)
+        helper.kill()
+        helper.wait()
+    assert workers_memory()[0] == base_count
+    del ballast
+
+
+def test_the_child_processes_series_reads_zero_once_when_they_are_gone(monkeypatch):
+    from torchmem.probe import backends
+
+    found = iter([(0, 0), (2, 90 << 20), (0, 0), (0, 0)])
+    monkeypatch.setattr(backends, "workers_memory", lambda pid: next(found))
+    backend = backends.ProcessBackend(uss_every_s=0)
+    readings = []
+    for _ in range(4):
+        out: dict[str, float] = {}
+        backend.read(out, full=True)
+        readings.append(out.get("cpu/children"))
+    assert readings == [None, 90 << 20, 0.0, None]

@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from torchmem.probe.heap import heap_free_reader
+from torchmem.probe.workers import workers_memory
 
 
 class MemoryBackend:
@@ -80,8 +81,9 @@ HEAP_SLOW_STREAK_BEFORE_LOOP = 50
 
 
 class ProcessBackend(MemoryBackend):
-    """Host memory: process RSS, USS (at most every ``uss_every_s``), system available,
-    and the C heap's free bytes (``cpu/heap_free``) where malloc tells (this process, glibc)."""
+    """Host memory: process RSS, USS and its workers' USS (at most every ``uss_every_s``),
+    system available, and the C heap's free bytes (``cpu/heap_free``) where malloc tells
+    (this process, glibc)."""
 
     kind = "cpu"
 
@@ -93,6 +95,7 @@ class ProcessBackend(MemoryBackend):
         self._heap_free = heap_free_reader(self.process.pid)
         self._heap_slow = 0
         self._heap_loop_seen = False
+        self._had_workers = False
         self._statm = _open_statm(self.process.pid)
         if self._statm is not None:
             weakref.finalize(self, os.close, self._statm)
@@ -121,11 +124,20 @@ class ProcessBackend(MemoryBackend):
         out["cpu/rss"] = float(rss if rss is not None else self._rss())
         if uss is not None:
             out["cpu/uss"] = float(uss)
+            self._read_workers(out)
         if self._heap_free is not None:  # at every reading: the leak detector nets RSS with it
             self._read_heap_free(self._heap_free, out, in_loop=not full)
         if not full:
             return
         out["system/available"] = float(psutil.virtual_memory().available)
+
+    def _read_workers(self, out: dict[str, float]) -> None:
+        """The USS of the process's workers (DataLoader workers, spawned ranks), with its own:
+        a zero once they are gone, then nothing until there are workers again."""
+        count, uss = workers_memory(self.process.pid)
+        if count or self._had_workers:
+            out["cpu/children"] = float(uss)
+        self._had_workers = count > 0
 
     def _read_heap_free(
         self, read: Callable[[], int], out: dict[str, float], in_loop: bool
