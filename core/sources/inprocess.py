@@ -252,8 +252,8 @@ class InProcessSource:
                 self._census_wanted.clear()
                 self._census_reply = self._boundary_census("user", event.step)
                 self._census_done.set()
-            elif self._census_failed:
-                pass
+            elif self._census_failed:  # said once; the run goes on without them
+                return
             elif self.leaks.census_due(event.step):
                 self._boundary_census("leak", event.step)
             elif self.census_schedule.on_step(event.step):
