@@ -40,6 +40,11 @@ Listener = Callable[[Event], None]
 log = logging.getLogger(__name__)
 
 
+def error_line(exc: BaseException) -> str:
+    """An exception as the run's log says it: its type and the first line of its message."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
 class Session:
     """Everything known about one monitored run, bounded in memory."""
 
@@ -160,7 +165,7 @@ class Session:
             log.debug("torchmem: %s failed again", name, exc_info=exc)
             return
         log.error("torchmem: %s failed on an event", name, exc_info=exc)
-        text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        text = error_line(exc)
         self.note(f"internal error in {name} ({text}); the run goes on. Please report it.")
 
     def _apply(self, event: Event) -> None:

@@ -21,6 +21,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from torchmem.probe.runner import echo
+
 #: Set by the window for its isolated child: the pid whose death ends the child.
 PARENT_ENV = "TORCHMEM_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
@@ -111,21 +113,16 @@ class ParentWatch:
         while self.parent_alive:
             if self._stop.wait(self.poll_s):
                 return
-        _say(
+        # Through echo: stderr may be a pipe to the window that just died, and a raw
+        # write there raised BrokenPipeError, which ended this thread before it could stop
+        # the script (once in five kills of the window).
+        echo(
+            sys.stderr,
             f"torchmem: the window that started this run (pid {self.parent_pid}) is gone; "
-            "stopping the script\n"
+            "stopping the script\n",
         )
         with contextlib.suppress(Exception):
             self.on_gone()
         if not self._stop.wait(self.grace_s):
-            _say("torchmem: the script did not stop; exiting\n")
+            echo(sys.stderr, "torchmem: the script did not stop; exiting\n")
             os._exit(self.exit_code)
-
-
-def _say(text: str) -> None:
-    """Tell stderr, which may be gone: an isolated child's stderr is a pipe to the window
-    that just died, and a write there raises BrokenPipeError (it ended this thread before
-    it could stop the script, once in five kills of the window)."""
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(text)
-        sys.stderr.flush()

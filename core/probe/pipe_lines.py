@@ -19,6 +19,13 @@ from typing import IO
 TAIL_BYTES = 4000
 
 
+def whole_lines(text: str, final: bool = False) -> tuple[str, str]:
+    """``text`` cut after its last newline: the whole lines, and the rest to keep for
+    later (nothing kept when ``final``)."""
+    cut = len(text) if final else text.rfind("\n") + 1
+    return text[:cut], text[cut:]
+
+
 class PipeLines:
     """Reads ``pipe`` until every process holding it has closed it, calling ``on_text``
     with the whole lines read so far (and the rest at the end)."""
@@ -49,11 +56,9 @@ class PipeLines:
                 self._pipe.close()
 
     def _lines(self, text: str, final: bool = False) -> None:
-        text = self._partial + text
-        cut = len(text) if final else text.rfind("\n") + 1
-        self._partial = text[cut:]
-        if cut:
-            self._on_text(text[:cut])
+        lines, self._partial = whole_lines(self._partial + text, final)
+        if lines:
+            self._on_text(lines)
 
     def tail(self) -> str:
         """The last bytes read, decoded."""

@@ -26,7 +26,7 @@ from typing import ClassVar, TextIO
 from torchmem.events import Event, RunFinished, RunStarted, RunStatus, Stream
 from torchmem.probe.allocator import allocator_settings
 from torchmem.probe.log_batch import LogBatcher
-from torchmem.probe.pipe_lines import PipeLines
+from torchmem.probe.pipe_lines import PipeLines, whole_lines
 from torchmem.probe.steps import ScriptStopped, StepTracker
 
 EXIT_STOPPED = 130  # what a shell reports for a run ended by Ctrl+C
@@ -111,6 +111,7 @@ class _Tee(io.TextIOBase):
         self._original = original
         self._stream = stream
         self._sink = sink
+        self._pending = ""  # a forked child's text after its last newline
 
     def writable(self) -> bool:
         return True
@@ -131,10 +132,8 @@ class _Tee(io.TextIOBase):
             return
         # Whole lines in one write each (atomic up to PIPE_BUF), so that two workers'
         # lines never mix; print() writes its newline apart from its text.
-        pending = getattr(self, "_pending", "") + text
-        cut = len(pending) if end else pending.rfind("\n") + 1
-        self._pending = pending[cut:]
-        data = pending[:cut].encode("utf-8", "replace")
+        lines, self._pending = whole_lines(self._pending + text, end)
+        data = lines.encode("utf-8", "replace")
         with contextlib.suppress(OSError):
             while data:
                 data = data[os.write(fd, data) :]

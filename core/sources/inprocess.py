@@ -35,7 +35,7 @@ from torchmem.probe.runner import ScriptRunner
 from torchmem.probe.sampler import Sampler
 from torchmem.probe.step_pace import StepPace
 from torchmem.probe.steps import StepTracker
-from torchmem.session import Session
+from torchmem.session import Session, error_line
 from torchmem.sources.base import Script
 from torchmem.tensors.model import TensorInfo, describe_census
 from torchmem.tensors.namespaces import script_namespaces, traceback_namespaces
@@ -266,7 +266,7 @@ class InProcessSource:
         try:
             return self.census(trigger, step)
         except Exception as exc:  # an exception here would end the user's run
-            self._census_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            self._census_error = error_line(exc)
             if not self._census_failed:
                 self._census_failed = True
                 self.session.note(

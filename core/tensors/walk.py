@@ -228,13 +228,11 @@ class _Walk:
             label = entries[0][0] if entries else _label(t)
         except Exception:  # its dtype or shape raise too
             label = type(t).__name__
-        text = str(exc).strip()
-        reason = text.splitlines()[0][:120] if text else type(exc).__name__
+        reason = _reason(exc)
         self.skipped.append(Skipped(label, f"{type(t).__name__} could not be sized: {reason}"))
 
     def _skip_storageless(self, t: Any, name: str, exc: Exception) -> None:
-        text = str(exc).strip()
-        reason = text.splitlines()[0][:120] if text else type(exc).__name__
+        reason = _reason(exc)
         self.skipped.append(Skipped(name, f"{type(t).__name__} without real storage: {reason}"))
 
     def _add_sparse(self, t: Any, name: str, kind: str, named: bool) -> None:
@@ -331,6 +329,12 @@ _SKIP_TYPES = (
 
 
 _NESTED_TYPES = frozenset({list, tuple, dict})
+
+
+def _reason(exc: Exception) -> str:
+    """Why torch refused a tensor, in one short line for the skipped list."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:120] if text else type(exc).__name__
 
 
 def _item_path(path: str, keys: list[Any] | None, i: int, is_attrs: bool) -> str:
