@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 
 from torchmem.probe.backends import (
     MemoryBackend,
+    NvmlBackend,
     ProcessBackend,
     TorchAllocatorBackend,
     discover_backends,
@@ -102,6 +105,61 @@ def test_accelerator_backend_reads_counters_only_once_initialised(stub_cuda):
     assert "cuda:0/inactive_split" not in values, "memory_stats builds a large dict: 1 Hz"
     assert backend.capacity() == {"cuda:0": 80 << 30}
     assert stub_cuda.calls == [], "reading must not empty caches or reset peaks"
+
+
+class StubNvml:
+    """A stand-in for pynvml (its camelCase names): two GPUs; this process holds 300 MiB
+    on NVML's second."""
+
+    class NVMLError(Exception):
+        pass
+
+    uuids = ("GPU-aaaa", "GPU-bbbb")
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self.uuids[handle]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list:
+        used = 300 << 20 if handle == 1 else None
+        return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=used)] if used else []
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(total=141 << 30)
+
+
+def test_nvml_names_devices_as_torch_does_only_once_the_script_initialised_cuda(stub_cuda):
+    # CUDA_VISIBLE_DEVICES=1: torch's cuda:0 is NVML's second GPU, matched by UUID.
+    properties = []
+
+    def get_device_properties(i: int) -> SimpleNamespace:
+        properties.append(i)
+        return SimpleNamespace(uuid="bbbb", total_memory=141 << 30)
+
+    stub_cuda.get_device_properties = get_device_properties
+    stub_cuda.initialized = False
+    backend = NvmlBackend(StubNvml(), every_s=0.0, cuda=stub_cuda)
+    values: dict[str, float] = {}
+    backend.read(values)
+    assert values == {} and backend.capacity() == {}
+    # Matching UUIDs initialises CUDA in torch: before the script has, nothing may ask.
+    assert properties == [], "naming the devices would have put CUDA in this process"
+    stub_cuda.initialized = True
+    backend.read(values)
+    assert values == {"cuda:0/nvml_used": 300 << 20}
+    assert backend.capacity() == {"gpu:0": 141 << 30, "cuda:0": 141 << 30}
+
+
+def test_nvml_watching_another_process_names_devices_by_nvml_index():
+    backend = NvmlBackend(StubNvml(), every_s=0.0)
+    values: dict[str, float] = {}
+    backend.read(values)
+    assert values == {"gpu:1/nvml_used": 300 << 20}
 
 
 def test_discovery_on_this_machine_has_host_memory():

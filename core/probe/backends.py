@@ -305,46 +305,58 @@ class NvmlBackend(MemoryBackend):
         nvml: ModuleType,
         pid: int | None = None,
         every_s: float = 0.5,
-        torch_names: bool = True,
+        cuda: Any = None,
     ) -> None:
+        """``cuda`` is the watched process's own ``torch.cuda``, given when this backend
+        runs inside it: devices are then named as torch numbers them (``cuda:N``).
+        Watching another process, torch's numbering is that process's (its
+        CUDA_VISIBLE_DEVICES), unknown here: NVML's index is shown as ``gpu:N``."""
         self.nvml = nvml
-        self.torch_names = torch_names
+        self.cuda = cuda
         self.pid = pid or os.getpid()
         self.every_s = every_s
         self._next = 0.0
-        self._last: dict[str, float] = {}
         count = nvml.nvmlDeviceGetCount()
         self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        self._names = [self._device_name(i, h) for i, h in enumerate(self._handles)]
+        self._names: list[str] | None = None if cuda else [f"gpu:{i}" for i in range(count)]
 
-    def _device_name(self, index: int, handle: Any) -> str:
-        """Name the GPU as torch does (``cuda:N``) by matching UUIDs; NVML order otherwise.
+    def _device_names(self) -> list[str] | None:
+        """The devices' names; None while this process has not initialised CUDA.
 
-        Watching another process (``torch_names=False``), torch's numbering is that
-        process's (its CUDA_VISIBLE_DEVICES), unknown here: the NVML index is shown as
-        ``gpu:N`` and no CUDA call is made in this process.
+        Matching NVML's devices to torch's takes ``get_device_properties``, which
+        initialises CUDA. Done before the script does that itself, it would put CUDA in a
+        process that may never use it (a CUDA context is hundreds of MiB, and a forked
+        DataLoader worker could no longer use CUDA); the GPU check on an H200 caught it.
+        A process that has not initialised CUDA has no NVML entry to read anyway.
         """
-        if not self.torch_names:
-            return f"gpu:{index}"
-        try:
-            import torch
+        if self._names is None and self.cuda.is_initialized():
+            self._names = [self._torch_name(i, h) for i, h in enumerate(self._handles)]
+        return self._names
 
+    def _torch_name(self, index: int, handle: Any) -> str:
+        """``cuda:N`` for the torch device whose UUID NVML's device has; ``gpu:N`` (NVML's
+        index) for a device torch does not see (CUDA_VISIBLE_DEVICES), so that it never
+        takes a visible device's name; NVML's order where UUIDs cannot be compared."""
+        try:
             uuid = self.nvml.nvmlDeviceGetUUID(handle)
             uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            for i in range(torch.cuda.device_count()):
-                if str(torch.cuda.get_device_properties(i).uuid) in uuid:
+            for i in range(self.cuda.device_count()):
+                if str(self.cuda.get_device_properties(i).uuid) in uuid:
                     return f"cuda:{i}"
         except Exception:
-            pass
-        return f"cuda:{index}"
+            return f"cuda:{index}"
+        return f"gpu:{index}"
 
     def read(self, out: dict[str, float], full: bool = True) -> None:
         now = time.monotonic()
         if not full or now < self._next:
             return
         self._next = now + self.every_s
+        names = self._device_names()
+        if names is None:
+            return
         nvml = self.nvml
-        for name, handle in zip(self._names, self._handles, strict=True):
+        for name, handle in zip(names, self._handles, strict=True):
             try:
                 procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             except nvml.NVMLError:
@@ -354,19 +366,19 @@ class NvmlBackend(MemoryBackend):
                     out[f"{name}/nvml_used"] = float(proc.usedGpuMemory)
 
     def capacity(self) -> dict[str, int]:
-        caps = {}
-        for name, handle in zip(self._names, self._handles, strict=True):
+        caps: dict[str, int] = {}
+        for name, handle in zip(self._device_names() or (), self._handles, strict=False):
             with contextlib.suppress(self.nvml.NVMLError):
                 caps[name] = int(self.nvml.nvmlDeviceGetMemoryInfo(handle).total)
         return caps
 
 
-def _nvml_backend(pid: int | None, torch_names: bool = True) -> MemoryBackend | None:
+def _nvml_backend(pid: int | None, cuda: Any = None) -> MemoryBackend | None:
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        return NvmlBackend(pynvml, pid, torch_names=torch_names)
+        return NvmlBackend(pynvml, pid, cuda=cuda)
     except Exception:
         return None
 
@@ -386,7 +398,7 @@ def accelerator_backends(pid: int | None = None) -> list[MemoryBackend]:
     backends: list[MemoryBackend] = []
     if torch.cuda.is_available():
         backends.append(TorchAllocatorBackend(torch.cuda, "cuda"))
-        nvml = _nvml_backend(pid)
+        nvml = _nvml_backend(pid, torch.cuda)
         if nvml is not None:
             backends.append(nvml)
     xpu = getattr(torch, "xpu", None)
@@ -413,7 +425,7 @@ def process_backends(pid: int) -> list[MemoryBackend]:
     """Backends that watch another process from outside: psutil, and NVML when a driver
     answers (GPU memory as nvidia-smi shows it, CUDA context and caches included)."""
     backends: list[MemoryBackend] = [ProcessBackend(pid)]
-    nvml = _nvml_backend(pid, torch_names=False)
+    nvml = _nvml_backend(pid)
     if nvml is not None:
         backends.append(nvml)
     return backends
