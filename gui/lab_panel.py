@@ -144,11 +144,13 @@ class LabPanel(JobPanel):
         self.repeats_spin.setValue(5)
         self.repeats_spin.setToolTip("Timed runs after one warm-up run (more for fast ops)")
         self.grad_check = QCheckBox("Inputs require grad (measure what backward keeps)")
-        self.isolated_check = QCheckBox("Each row in a fresh process")
+        self.isolated_check = QCheckBox("Measure outside the window")
         self.isolated_check.setChecked(True)
         self.isolated_check.setToolTip(
-            "A fresh process per row, so that the allocator's cache from earlier rows never "
-            "hides a later row's allocations; off: measured inside the window (faster)"
+            "In the lab's own process: a CPU row in a fresh child of it, so that the heap "
+            "left by earlier rows never hides a later row's allocations; a GPU row in the "
+            "process itself, by the allocator's exact counters. Off: measured inside the "
+            "window (faster)"
         )
         self.run_button = QPushButton("Run")
         self.run_button.setToolTip("Measure every chosen operation at every size (Ctrl+Return)")
@@ -293,7 +295,7 @@ class LabPanel(JobPanel):
         self.progress.setRange(0, len(self.jobs))
         self.progress.setValue(0)
         self.progress.setFormat(f"row 1 of {len(self.jobs)}")
-        where = "each in a fresh process" if self.isolated_check.isChecked() else "in the window"
+        where = "in the lab's own process" if self.isolated_check.isChecked() else "in the window"
         self.say(f"Measuring {len(self.jobs)} rows, {where}…")
         worker = LabWorker(self.jobs, self.isolated_check.isChecked())
         worker.row_done.connect(self._on_row)

@@ -115,6 +115,31 @@ def test_each_row_runs_in_a_fresh_child_and_a_dying_one_costs_one_row():
     assert rows[2].shares_input_storage
 
 
+def test_a_cuda_row_is_measured_in_the_worker_not_in_a_forked_child(monkeypatch):
+    # A child forked after the CUDA driver started fails its first CUDA call
+    # ("initialization error"): every CUDA row of the lab did, on an H200.
+    import torch
+
+    from torchmem.lab import worker
+
+    forks, cleared, measured = [], [], []
+    monkeypatch.setattr(worker, "measure_in_child", lambda job: forks.append(job.device) or {})
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: cleared.append(1))
+
+    def fake_measure(job):
+        measured.append(job.device)
+        row = measure(Job(job.op, job.size, repeats=1))
+        row.device = job.device
+        return row
+
+    monkeypatch.setattr(worker, "measure", fake_measure)
+    row = worker.answer(Job("add", 64, device="cuda:0"))
+    assert forks == [] and measured == ["cuda:0"] and row["device"] == "cuda:0"
+    assert cleared == [1], "the lab must hand its cached blocks back to the device"
+    worker.answer(Job("add", 64, repeats=1))
+    assert forks == ["cpu"] and measured == ["cuda:0"], "a CPU row still gets its fresh child"
+
+
 def test_cancel_ends_the_worker_and_the_measurement_in_flight():
     cancel = threading.Event()
     me = psutil.Process()

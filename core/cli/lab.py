@@ -1,9 +1,9 @@
 """``torchmem lab``: what tensor operations cost in memory and time, as a table or JSON.
 
-Each (operation, size, dtype, device) is measured in a fresh child of the lab's worker
-(:mod:`torchmem.lab.runner`); rows print as they come, then one line per operation saying
-why it costs what it costs. ``--json`` prints the rows as a JSON list instead, ``--csv``
-writes them too.
+Each (operation, size, dtype, device) is measured by the lab's worker, on the CPU in a
+fresh child of it (:mod:`torchmem.lab.runner`, :mod:`torchmem.lab.worker`); rows print
+as they come, then one line per operation saying why it costs what it costs. ``--json``
+prints the rows as a JSON list instead, ``--csv`` writes them too.
 """
 
 from __future__ import annotations

@@ -325,7 +325,8 @@ def lab_parser() -> argparse.ArgumentParser:
         prog="torchmem lab",
         description="Measure what tensor operations cost: the new storage each result "
         "owns, the peak extra memory, allocations, whether it is a view, and the median "
-        "time, across sizes (n x n inputs). Each row runs in a fresh process.",
+        "time, across sizes (n x n inputs). Measured in a process of its own: each CPU row in "
+        "a fresh child of it.",
         epilog="Operations: " + ", ".join(BUILTIN) + ". Example: torchmem lab --ops "
         "add,add_,matmul --sizes 256,1024,4096 --expr 'torch.sigmoid(a) * b' --grad",
     )
@@ -353,7 +354,7 @@ def lab_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", metavar="FILE", help="write the rows as CSV here too")
     p.add_argument(
         "--in-process", action="store_true",
-        help="measure in this process instead of a fresh child per row (faster; the "
+        help="measure in this process instead of the lab's own (faster; the "
         "allocator's cache from earlier rows may then hide allocations)",
     )  # fmt: skip
     return p

@@ -152,6 +152,10 @@ def _measure(op: Operation, job: Job, dtype: Any, device: Any, row: Row) -> None
     # Memory: one run under the profiler (every allocation and free, with its size).
     accel = getattr(torch, device.type) if device.type != "cpu" else None
     if accel is not None:
+        # One run first: a library's one-time set-up is not the operation's cost (the
+        # first matmul of a process allocates cuBLAS's 32 MiB workspace, which made a
+        # 4 MiB product read "peak +36 MiB" on an H200, and only in the first row).
+        op.run(x)  # its result is dropped at once
         _sync(device)
         before = accel.memory_allocated(device)
         accel.reset_peak_memory_stats(device)

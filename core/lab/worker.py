@@ -1,15 +1,24 @@
-"""The lab's worker: measures each job in a fresh child forked from it.
+"""The lab's worker: measures each job in a fresh child forked from it, or, on an
+accelerator, in itself.
 
 Started once per lab run (``python -m torchmem.lab.worker``), it imports torch and then
-reads one JSON job a line on stdin; each job is measured in a child forked for it, so
-that the allocator's cache and the heap left by earlier rows never hide a later row's
-allocations, and a crash costs one row. The worker itself never runs a torch operation
-(OpenMP's threads, and CUDA, do not survive a fork: the children start both fresh). It
-answers one JSON row a line on stdout, in order.
+reads one JSON job a line on stdin. A CPU job is measured in a child forked for it, so
+that the heap left by earlier rows never hides a later row's allocations, and a crash
+costs one row; the worker runs no torch operation itself (OpenMP's threads do not survive
+a fork: the children start them fresh).
+
+An accelerator job cannot be forked: starting the profiler, or asking whether CUDA is
+there, initialises the CUDA driver, and a child forked after that fails its first CUDA
+call with "initialization error" (every CUDA row did, on an H200). It is measured in the
+worker, where it needs no fresh heap: the allocator's own counters give exact peaks
+whatever its cache holds, and the cache is returned to the device after each row, so
+that the lab never sits on memory a training run beside it needs.
+It answers one JSON row a line on stdout, in order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -53,6 +62,26 @@ def measure_in_child(job: Job) -> dict[str, Any]:
         return row.to_json()
 
 
+def on_accelerator(job: Job) -> bool:
+    """Whether ``job`` runs on an accelerator (``cuda:0``, ``xpu``, ``mps``)."""
+    return job.device.split(":", 1)[0].strip().lower() != "cpu"
+
+
+def answer(job: Job) -> dict[str, Any]:
+    """``job``'s row as JSON: measured in a forked child on the CPU, here on a device."""
+    if not on_accelerator(job):
+        return measure_in_child(job)
+    try:
+        return measure(job).to_json()
+    finally:
+        import torch
+
+        backend = getattr(torch, job.device.split(":", 1)[0].strip().lower(), None)
+        if backend is not None and hasattr(backend, "empty_cache"):
+            with contextlib.suppress(Exception):  # a device that never started: no cache
+                backend.empty_cache()
+
+
 def main() -> None:
     """Serve jobs from stdin until it closes."""
     import torch  # noqa: F401 - imported once here, so that each child starts at once
@@ -69,7 +98,7 @@ def main() -> None:
         if not line.strip():
             continue
         job = Job(**json.loads(line))
-        sys.stdout.write(json.dumps(measure_in_child(job)) + "\n")
+        sys.stdout.write(json.dumps(answer(job), default=str) + "\n")
         sys.stdout.flush()
 
 
