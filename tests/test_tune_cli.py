@@ -210,6 +210,23 @@ def test_a_script_that_reads_a_value_before_backward_falls_back_to_probes(tmp_pa
     assert plain.returncode == 0 and "prediction" not in json.loads(out.read_text())
 
 
+def test_a_script_written_for_cuda_is_predicted_like_its_cpu_twin():
+    # On an H200 the fake step of every CUDA script failed: its model stayed on the CPU
+    # (fake parameters cannot be swapped for moved copies) while its batches went to CUDA.
+    from torchmem.tuning.predict import predict
+
+    def points(device: str) -> list[tuple[int, int]]:
+        plan = TrialPlan(str(SCRIPTS / "cuda_written_train.py"), ("--device", device),
+                         "--batch-size")  # fmt: skip
+        prediction = predict(plan, 1, 512, limit=10 * (1 << 30))
+        assert prediction.error is None, prediction.error
+        return prediction.points
+
+    on_cuda = points("cuda")
+    assert [b for b, _ in on_cuda] == [1, 8, 64, 512]
+    assert on_cuda == points("cpu"), "a tensor's bytes do not depend on its device"
+
+
 def test_the_lstm_language_model_is_predicted_despite_its_manual_update():
     # PyTorch's word_language_model way: no optimizer, p.data.add_, .item() after it.
     from torchmem.tuning.predict import predict

@@ -6,6 +6,7 @@ import math
 import random
 import threading
 
+import numpy as np
 import pytest
 
 from torchmem.tuning.model import fit_peaks, round_batch, throughput_knee
@@ -228,3 +229,31 @@ def test_a_prior_that_overcounts_badly_still_ends_under_the_limit():
     prior = Fit(intercept=0, slope=6 * MiB)  # three times what the real step costs
     result = BatchSearch(model, 6 * GiB, 1, 4096, prior=prior).run()
     assert result.ooms == 0 and result.recommended >= 0.95 * model.largest_under(6 * GiB)
+
+
+def test_a_quadratic_term_an_early_fit_had_is_not_said_once_the_final_fit_drops_it(
+    monkeypatch,
+):
+    # The demo's peak reserved bytes on an H200 (torchmem tune --device cuda:0): the fits
+    # of the first five trials have a quadratic term, the answer's fit does not.
+    sizes = [1, 2, 16, 256, 512, 1182, 1630]
+    peaks = [90, 90, 96, 330, 670, 1486, 2030]
+    from torchmem.tuning import search
+
+    quadratic = []
+
+    def fit_peaks(*args, **kwargs):
+        fit = real_fit_peaks(*args, **kwargs)
+        quadratic.append(fit.is_quadratic)
+        return fit
+
+    real_fit_peaks = search.fit_peaks
+    monkeypatch.setattr(search, "fit_peaks", fit_peaks)
+
+    def measure(b: int, role: str, predicted: float | None) -> Trial:
+        peak = int(np.interp(b, sizes, peaks) * MiB)
+        return Trial(b, peak, ok=True, oom=False, samples_per_s=10.0 * b)
+
+    result = BatchSearch(measure, 2048 * MiB, 1, 16384).run()
+    assert result.recommended == 1630 and any(quadratic) and not result.fit.is_quadratic
+    assert not any("quadratic" in note for note in result.notes), result.notes

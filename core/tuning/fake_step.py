@@ -87,26 +87,79 @@ def _live_bytes_mode() -> Any:
     return LiveBytes()
 
 
-def _patch_module_to() -> Any:
-    """``Module.to(device)`` under FakeTensorMode: a no-op unless it changes the dtype.
+def _on_the_cpu_mode() -> Any:
+    """A TorchFunctionMode that keeps every tensor of the fake step on the CPU.
 
-    torch swaps fake parameters for their converted copies, which fails when the move
-    is a no-op (the copy is the parameter itself: "Couldn't swap Conv2d.weight"). A
-    move between devices changes no byte count, so it is skipped; a dtype change still
-    runs."""
+    A fake step counts bytes, which do not depend on the device, and fake tensors cannot
+    move between devices: torch swaps a module's parameters for their moved copies, and
+    the swap of fake tensors fails ("Couldn't swap Linear.weight", seen on an H200), so a
+    model stayed on the CPU while the script built its batches on ``cuda`` and the first
+    forward failed ("found two different devices cuda:0, cpu"): no CUDA script could be
+    predicted. Here a ``device=`` of a factory becomes the CPU, ``Tensor.to`` keeps only
+    its dtype, and ``Tensor.cuda``/``pin_memory`` return the tensor. That also lets a
+    CUDA script be predicted on a machine without CUDA.
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    same = {
+        torch.Tensor.cuda,
+        torch.Tensor.pin_memory,
+        *(getattr(torch.Tensor, name) for name in ("xpu", "mps") if hasattr(torch.Tensor, name)),
+    }
+
+    class OnTheCpu(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            kwargs = dict(kwargs or {})
+            if func in same:
+                return args[0]
+            if func is torch.Tensor.to:
+                tensor = args[0]
+                _device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(
+                    *args[1:], **kwargs
+                )
+                return func(
+                    tensor,
+                    "cpu",
+                    dtype or tensor.dtype,
+                    non_blocking=bool(non_blocking),
+                    copy=bool(kwargs.get("copy", False)),
+                    memory_format=memory_format or torch.preserve_format,
+                )
+            if kwargs.get("device") is not None:
+                kwargs["device"] = "cpu"
+            return func(*args, **kwargs)
+
+    return OnTheCpu()
+
+
+def _patch_module_to() -> tuple[Any, Any]:
+    """``Module.to`` and ``Module.cuda`` under FakeTensorMode: a no-op unless the dtype
+    changes. Returns the originals, to put back.
+
+    torch swaps fake parameters for their converted copies, which fails when the copy is
+    the parameter itself ("Couldn't swap Conv2d.weight"): with every tensor kept on the
+    CPU (:func:`_on_the_cpu_mode`), any move is such a no-op, so it is skipped; a dtype
+    change still runs."""
     import torch
 
-    original = torch.nn.Module.to
+    original_to, original_cuda = torch.nn.Module.to, torch.nn.Module.cuda
 
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         _device, dtype, _blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
         floats = [p for p in self.parameters() if p.is_floating_point()]
         if dtype is None or all(p.dtype == dtype for p in floats):
             return self
-        return original(self, *args, **kwargs)
+        return original_to(self, *args, **kwargs)
+
+    def cuda(self: Any, device: Any = None) -> Any:
+        return self
 
     torch.nn.Module.to = to  # type: ignore[method-assign]
-    return original
+    torch.nn.Module.cuda = cuda  # type: ignore[method-assign]
+    return original_to, original_cuda
 
 
 def one_step(script: str, argv: list[str]) -> int:
@@ -124,11 +177,11 @@ def one_step(script: str, argv: list[str]) -> int:
         raise StepEnded()
 
     torch.autograd.backward = backward
-    original_to = _patch_module_to()
+    original_to, original_cuda = _patch_module_to()
     saved_argv = sys.argv
     sys.argv = [script, *argv]
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), counter:
+        with FakeTensorMode(allow_non_fake_inputs=True), counter, _on_the_cpu_mode():
             runpy.run_path(script, run_name="__main__")
     except StepEnded:
         return int(counter.peak)
@@ -144,6 +197,7 @@ def one_step(script: str, argv: list[str]) -> int:
         sys.argv = saved_argv
         torch.autograd.backward = original_backward
         torch.nn.Module.to = original_to  # type: ignore[method-assign]
+        torch.nn.Module.cuda = original_cuda  # type: ignore[method-assign]
     raise PredictionFailed("the script ended without a backward pass: no training step to predict")
 
 

@@ -30,6 +30,12 @@ PROBE_SHARE = 1 / 3
 #: well, and under the limit even when the real process pays 1.6x what the model says.
 PRIOR_SHARE = 0.6
 
+#: A note while the fit of the peaks has a quadratic term.
+QUADRATIC_NOTE = (
+    "memory grows faster than linearly with the batch size (a quadratic term fits clearly "
+    "better, as with attention over long sequences)"
+)
+
 
 class TuneError(Exception):
     """The search cannot give a recommendation; the message says why and what to do."""
@@ -231,11 +237,12 @@ class BatchSearch:
             return None
         else:
             fit = fit_peaks([b for b, _ in points], [p for _, p in points])
+        # Said of the fit the answer comes from: a quadratic term that an early fit took
+        # from a few noisy peaks and a later one dropped was still "said" on an H200.
         if fit.is_quadratic:
-            self._note(
-                "memory grows faster than linearly with the batch size (a quadratic term "
-                "fits clearly better, as with attention over long sequences)"
-            )
+            self._note(QUADRATIC_NOTE)
+        elif QUADRATIC_NOTE in self.notes:
+            self.notes.remove(QUADRATIC_NOTE)
         self.fit = fit
         return fit
 
