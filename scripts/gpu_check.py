@@ -37,19 +37,10 @@ def python(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
     )
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=os.environ.get("OUT", "."))
-    out_dir = Path(p.parse_args().out)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to check")
-        return 0
-    check("device", True, f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-
-    # 1. The backend stays silent (no context) until the script initialises CUDA.
+def check_context(out_dir: Path) -> None:
+    """The backend stays silent (no context) until the script initialises CUDA."""
     r = python("""
+        import time
         import torch
         from torchmem.probe.backends import discover_backends
         from torchmem.probe.sampler import Sampler
@@ -57,6 +48,7 @@ def main() -> int:
         before = s.read()
         print(torch.cuda.is_initialized(), sorted(k for k in before if k.startswith('cuda')))
         x = torch.empty(256 << 20, dtype=torch.uint8, device='cuda')
+        time.sleep(0.6)  # NVML is read at most every 0.5 s
         after = s.read()
         print(after['cuda:0/allocated'], after['cuda:0/reserved'], after.get('cuda:0/nvml_used'))
     """)
@@ -75,7 +67,9 @@ def main() -> int:
             f"nvml {nvml}, reserved {reserved}",
         )
 
-    # 2. Commands: empty_cache releases, reset peaks resets.
+
+def check_commands(out_dir: Path) -> None:
+    """Commands: empty_cache releases, reset peaks resets."""
     r = python("""
         import torch
         from torchmem.session import Session
@@ -90,7 +84,9 @@ def main() -> int:
     )
     check("reset peaks names the old peak", "peak allocated 1.00 GiB" in r.stdout, r.stderr[-300:])
 
-    # 3. Headless demo on the GPU, and an OOM.
+
+def check_demo(out_dir: Path) -> None:
+    """Headless demo on the GPU, and a real OOM."""
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "s.json"
         r = subprocess.run(
@@ -136,7 +132,10 @@ def main() -> int:
             data["message"][:120],
         )
 
-        # Batch-size tuning on CUDA: the budget on peak reserved, real trials of the demo.
+
+def check_tune_cli(out_dir: Path) -> None:
+    """Batch-size tuning on CUDA: the budget on peak reserved, real trials of the demo."""
+    with tempfile.TemporaryDirectory() as tmp:
         tuned = Path(tmp) / "tune.json"
         r = subprocess.run(
             [sys.executable, "-m", "torchmem", "tune", "--device", "cuda:0", "--budget",
@@ -158,7 +157,10 @@ def main() -> int:
             (out_dir / "gpu_tune.json").parent.mkdir(parents=True, exist_ok=True)
             (out_dir / "gpu_tune.json").write_text(tuned.read_text())
 
-        # The agent on CUDA: attach, the cuda series arrive, allocation history + snapshot.
+
+def check_agent(out_dir: Path) -> None:
+    """The agent on CUDA: attach, the cuda series arrive, allocation history + snapshot."""
+    with tempfile.TemporaryDirectory() as tmp:
         served = Path(tmp) / "served_cuda.py"
         served.write_text(
             "import time, torch, torchmem\ntorchmem.serve()\n"
@@ -214,7 +216,9 @@ def main() -> int:
             child.kill()
             child.wait()
 
-    # 5. The memory lab on CUDA: exact peaks, and pinned against pageable copies.
+
+def check_lab(out_dir: Path) -> None:
+    """The memory lab on CUDA: exact peaks, and pinned against pageable copies."""
     r = python(
         """
         import json
@@ -226,6 +230,12 @@ def main() -> int:
     """,
         timeout=180,
     )
+
+    def rate(row: dict, scale: float, unit: str) -> str:
+        if row.get("error") or row.get("rate") is None:
+            return f"{row['op']}: {row.get('error') or 'no rate'}"
+        return f"{row['op']} {row['rate'] / scale:.1f} {unit}"
+
     try:
         lab = {row["op"]: row for row in json.loads(r.stdout.strip().splitlines()[-1])}
         n2 = 4 * 4096 * 4096
@@ -234,19 +244,27 @@ def main() -> int:
             lab["add"]["result_bytes"] == n2
             and lab["add_"]["result_bytes"] == 0
             and lab["matmul"]["result_bytes"] == n2
-            and lab["add"]["peak_extra_bytes"] >= n2,
-            f"matmul {lab['matmul']['rate'] / 1e12:.1f} TFLOP/s",
-        )
+            and (lab["add"]["peak_extra_bytes"] or 0) >= n2,
+            f"{rate(lab['matmul'], 1e12, 'TFLOP/s')}; "
+            + ", ".join(f"{k}: result {v['result_bytes']}, peak +{v['peak_extra_bytes']}"
+                        for k, v in lab.items()),
+        )  # fmt: skip
         pinned, pageable = lab["to_pinned"], lab["to_pageable"]
         check(
             "lab on cuda:0: host-to-device copies measured",
-            not pinned["error"] and not pageable["error"] and pinned["median_s"] > 0,
-            f"pinned {pinned['rate'] / 1e9:.1f} GB/s, pageable {pageable['rate'] / 1e9:.1f} GB/s",
+            not pinned["error"] and not pageable["error"] and (pinned["median_s"] or 0) > 0,
+            f"{rate(pinned, 1e9, 'GB/s')}, {rate(pageable, 1e9, 'GB/s')}",
         )
     except Exception as exc:
-        check("lab on cuda:0", False, f"{type(exc).__name__}: {exc} {r.stderr[-300:]}")
+        check(
+            "lab on cuda:0",
+            False,
+            f"{type(exc).__name__}: {exc} {r.stdout[-400:]} {r.stderr[-300:]}",
+        )
 
-    # 6. torchmem.tune on a step function, trials in fresh processes, budget on reserved.
+
+def check_tune_api(out_dir: Path) -> None:
+    """torchmem.tune on a step function, trials in fresh processes, budget on reserved."""
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "gpu_steps.py").write_text(
             textwrap.dedent("""
@@ -283,7 +301,9 @@ def main() -> int:
         except Exception as exc:
             check("torchmem.tune on cuda:0", False, f"{type(exc).__name__}: {r.stderr[-300:]}")
 
-    # 7. A real snapshot of a small training run, read headless by torchmem snapshot info.
+
+def check_snapshot(out_dir: Path) -> None:
+    """A real snapshot of a small training run, read headless by torchmem snapshot info."""
     with tempfile.TemporaryDirectory() as tmp:
         snap = Path(tmp, "train.pickle")
         r = python(
@@ -319,8 +339,11 @@ def main() -> int:
         except Exception as exc:
             check("snapshot of a real run", False, f"{exc}: {r.stderr[-200:]} {info.stderr[-200:]}")
 
-    # 8. A snapshot saved by torchmem after a census: its allocations carry tensor names
-    #    (the census's Unix time against the trace's time_us: never run on a GPU before).
+
+def check_snapshot_names(out_dir: Path) -> None:
+    """A snapshot saved by torchmem after a census: its allocations carry tensor names (the
+    census's Unix time against the trace's time_us: never run on a GPU before).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         r = python(
             f"""
@@ -363,10 +386,13 @@ def main() -> int:
         except Exception as exc:
             check("snapshot names", False, f"{exc}: {r.stderr[-300:]}")
 
-    # 9. Sampling never synchronises the device. A full read while ~1 s of matmuls is
-    #    queued must return in milliseconds and leave that work queued; CUDA events
-    #    around a loop time it with and without the sampler at 100 Hz in a thread (a
-    #    read that synchronised while holding the GIL would starve the launches).
+
+def check_sync(out_dir: Path) -> None:
+    """Sampling never synchronises the device. A full read while ~1 s of matmuls is queued must
+    return in milliseconds and leave that work queued; CUDA events around a loop time it with
+    and without the sampler at 100 Hz in a thread (a read that synchronised while holding the
+    GIL would starve the launches).
+    """
     r = python("""
         import time, warnings
         import torch
@@ -431,7 +457,9 @@ def main() -> int:
     except (StopIteration, ValueError, IndexError, ZeroDivisionError):
         check("sampling without synchronising", False, r.stdout[-200:] + r.stderr[-300:])
 
-    # 10. A census's CUDA bytes against the caching allocator's own count.
+
+def check_census(out_dir: Path) -> None:
+    """A census's CUDA bytes against the caching allocator's own count."""
     r = python("""
         import torch
         from torchmem.tensors.walk import take_census
@@ -465,8 +493,68 @@ def main() -> int:
     except ValueError:
         check("census against memory_allocated", False, r.stdout[-200:] + r.stderr[-300:])
 
-    # 11. Allocator settings: the demo recorded with and without expandable segments,
-    #     then compared; each run reports the settings it ran with.
+
+def check_loader(out_dir: Path) -> None:
+    """A CUDA training loop fed by two forked DataLoader workers, under torchmem run: the
+    run finishes (the automatic census walks CUDA tensors at step boundaries, and the
+    workers fork from a process where CUDA is in use), with a cuda:0 peak and the workers'
+    own memory in the recording."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp, "loader_train.py")
+        script.write_text(
+            textwrap.dedent("""
+            import torch
+            from torch.utils.data import DataLoader, TensorDataset
+
+            data = TensorDataset(torch.randn(4096, 512), torch.randint(0, 10, (4096,)))
+            loader = DataLoader(data, batch_size=128, num_workers=2, pin_memory=True)
+            model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(),
+                                        torch.nn.Linear(2048, 10)).cuda()
+            opt = torch.optim.AdamW(model.parameters())
+            for epoch in range(2):
+                for x, y in loader:
+                    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            print("done", loss.item())
+        """)
+        )
+        summary, session = Path(tmp, "s.json"), Path(tmp, "loader.tmsession")
+        r = subprocess.run(
+            [sys.executable, "-m", "torchmem", "run", "--summary", str(summary),
+             "--record", str(session), str(script)],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        try:
+            data = json.loads(summary.read_text())
+            from torchmem.record.store import SessionFile
+
+            with SessionFile(session) as f:
+                keys = set(f.series_keys())
+            check(
+                "DataLoader workers on a CUDA run: finished, cuda:0 peak, workers' memory",
+                r.returncode == 0
+                and data["status"] == "finished"
+                and data["peak_bytes"].get("cuda:0", 0) > 0
+                and "cpu/children" in keys,
+                f"{data['status']}, {data.get('steps')} steps, peaks "
+                f"{json.dumps(data['peak_bytes'])}; series {sorted(keys)[:6]}... "
+                + r.stderr[-200:],
+            )
+        except Exception as exc:
+            check(
+                "DataLoader workers on CUDA",
+                False,
+                f"{type(exc).__name__}: {exc} {r.stderr[-400:]}",
+            )
+
+
+def check_allocator(out_dir: Path) -> None:
+    """Allocator settings: the demo recorded with and without expandable segments, then compared;
+    each run reports the settings it ran with.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         demo = [str(ROOT / "resources/examples/demo_train.py"), "--device", "cuda",
                 "--epochs", "1", "--steps", "30", "--batch-size", "256"]  # fmt: skip
@@ -506,6 +594,16 @@ def main() -> int:
         except (ValueError, KeyError, TypeError) as exc:
             check("allocator settings", False, f"{exc}: {r.stdout[-200:]} {r.stderr[-300:]}")
 
+
+CHECKS = {
+    name.removeprefix("check_"): fn
+    for name, fn in list(globals().items())
+    if name.startswith("check_") and callable(fn)
+}
+
+
+def write_results(out_dir: Path, device: str, torch_version: str) -> None:
+    """Write the table and the JSON so far: a run cut short still leaves its results."""
     table = "| check | result | detail |\n|---|---|---|\n" + "\n".join(
         f"| {n} | {'pass' if ok else 'FAIL'} | {d.replace('|', '/').strip()[:200]} |"
         for n, ok, d in rows
@@ -515,15 +613,48 @@ def main() -> int:
     (out_dir / "gpu_check.json").write_text(
         json.dumps(
             {
-                "device": torch.cuda.get_device_name(0),
-                "torch": torch.__version__,
+                "device": device,
+                "torch": torch_version,
                 "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "checks": [{"check": n, "ok": ok, "detail": d} for n, ok, d in rows],
+                "seconds": timings,
             },
             indent=1,
         )
     )
-    print(table)
+
+
+timings: dict[str, float] = {}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument(
+        "--only", nargs="+", choices=list(CHECKS), metavar="NAME",
+        help="run these checks only (a rerun of those that failed): " + ", ".join(CHECKS),
+    )  # fmt: skip
+    args = p.parse_args()
+    out_dir = Path(args.out)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to check")
+        return 0
+    device = torch.cuda.get_device_name(0)
+    check("device", True, f"{device}, torch {torch.__version__}")
+    for name, fn in CHECKS.items():
+        if args.only and name not in args.only:
+            continue
+        started = time.perf_counter()
+        try:
+            fn(out_dir)
+        except Exception as exc:  # a check that broke (a timeout, say) must not end the others
+            check(name, False, f"the check itself failed: {type(exc).__name__}: {exc}")
+        timings[name] = round(time.perf_counter() - started, 1)
+        print(f"-- {name}: {timings[name]} s", flush=True)
+        write_results(out_dir, device, torch.__version__)
+    print((out_dir / "gpu_check.md").read_text())
     return 0 if all(ok for _, ok, _ in rows) else 1
 
 
