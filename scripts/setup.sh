@@ -28,7 +28,7 @@ if [ ! -x .venv/bin/python ]; then
   $PY -m venv .venv
 fi
 stamp=.venv/.torchmem-setup
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ core/snapshots/_scan.c -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ core/snapshots/_scan.c -nt "$stamp" ] || [ core/tensors/_heap.c -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
   .venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"

@@ -278,6 +278,28 @@ def test_an_object_another_thread_lets_go_of_during_a_census_dies_in_that_thread
     assert set(deaths) == {churner.ident}
 
 
+def test_the_heap_helper_was_built_and_picks_what_the_python_section_picks(monkeypatch):
+    # Optional, so that an install without a compiler works; here, where setup has gcc,
+    # its absence would leave the census's list of the heap open to other threads.
+    from torchmem.tensors import heap
+
+    helper = heap._heap
+    assert helper is not None
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plain, view = torch.ones(3), model[0].weight[0]
+    bases = (torch.Tensor, nn.Module, torch.optim.Optimizer)
+    in_c, first_c = heap.objects_of_types(bases)
+    monkeypatch.setattr(heap, "_heap", None)
+    in_python, first_python = heap.objects_of_types(bases)
+    assert [set(map(id, found)) for found in in_c] == [set(map(id, f)) for f in in_python]
+    assert first_c == first_python and {nn.Parameter, torch.Tensor} <= first_c
+    for obj, found in ((plain, 0), (view, 0), (model, 1), (model[1], 1), (opt, 2)):
+        assert any(o is obj for o in in_c[found])
+    with pytest.raises(TypeError, match="bases must be types"):
+        helper.objects_of_types((torch.Tensor, "not a type"))
+
+
 def test_naming_from_the_scripts_own_thread_keeps_no_frame_alive():
     # A census at a step boundary runs in the script's thread, inside the step. Its frame
     # walk must not outlive it: a cycle through the walk's own frame kept the step's
