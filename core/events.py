@@ -171,6 +171,7 @@ class AlertKind(_Word):
     CACHE_GROWTH = "cache_growth"  # the allocator's cache grows while allocations do not
     CAPACITY = "capacity"  # a device is nearly full
     ALLOC_RETRIES = "alloc_retries"  # the allocator had to free its cache and retry
+    WORKER_GROWTH = "worker_growth"  # child processes (DataLoader workers) hold ever more
 
 
 class Severity(_Word):

@@ -260,3 +260,53 @@ def test_a_recorded_run_nets_its_rss_from_the_first_step_to_the_last(tmp_path):
     assert len(boundaries) >= 10 and boundaries[-1].step >= 20  # thinned as recorded
     missing = [e.step for e in boundaries if "cpu/heap_free" not in e.values]
     assert missing == []
+
+
+# What two shuffling DataLoader workers held of their own (cpu/children, MiB, every 2 s)
+# over a Dataset of a million captions: in a Python list, and in one numpy array.
+CAPTIONS_LIST = [35.9, 121.2, 180.5, 232.2, 262.6, 278.5, 290.3, 295.7, 299.7, 303.9, 306.2]
+CAPTIONS_LIST += [307.7, 308.2, 308.6, 308.9] + [309.1] * 20
+CAPTIONS_NUMPY = [17.2, 17.6, 17.8, 18.0, 18.0, 18.0, 18.1, 18.1, 18.1, 18.1, 18.2, 18.2]
+CAPTIONS_NUMPY += [18.3] * 20 + [17.3] + [17.6] * 20  # the second epoch's workers
+
+
+def feed_children(detector, mib, t0=0.0, step0=0, key="cpu/children"):
+    """Readings every 2 s, with the step boundaries (25 steps a second) between them."""
+    for i, value in enumerate(mib):
+        step = step0 + 50 * i
+        detector.on_event(Sample(t0 + 2 * i, {"cpu/rss": 500.0 * MiB}, step))
+        detector.on_event(Sample(t0 + 2 * i + 0.01, {key: value * MiB}))
+
+
+def test_workers_copying_a_python_list_raise_an_alert_that_stays_while_the_copy_is_held():
+    detector, alerts = make()
+    feed_children(detector, CAPTIONS_LIST)
+    (raised,) = alerts
+    assert raised.kind == "worker_growth" and raised.series == "cpu/children"
+    assert raised.state == "active" and raised.raised_step <= 7 * 50, "within 16 s"
+    assert "35.90 MiB -> 295.7 MiB" in raised.message and "numpy" in raised.suggestion
+    assert raised.per_step > 0 and raised.per_minute > 100 * MiB
+    # The plateau is the copy still held: the alert stays, and says nothing new.
+    assert len(alerts) == 1
+    # The workers end with the epoch (a zero once): resolved, and why.
+    detector.on_event(Sample(100.0, {"cpu/children": 0.0}))
+    assert alerts[-1].state == "resolved" and "child processes ended" in alerts[-1].message
+
+
+def test_workers_over_a_numpy_dataset_and_a_worker_that_loads_once_raise_nothing():
+    detector, alerts = make()
+    feed_children(detector, CAPTIONS_NUMPY)
+    # A worker that loads a 200 MiB shard in its first seconds, then holds it.
+    feed_children(detector, [20.0, 220.0] + [221.0] * 30, t0=200.0, key="rank1/cpu/children")
+    assert alerts == []
+
+
+def test_workers_restarted_each_epoch_keep_the_alert_until_the_copies_are_released():
+    detector, alerts = make()
+    # Non-persistent workers: each epoch's new workers copy the list again.
+    epoch = CAPTIONS_LIST[:12]
+    feed_children(detector, [*epoch, 30.0, *epoch], step0=0)
+    assert [a.state for a in alerts if a.state == "resolved"] == []
+    # Then the dataset becomes numpy: the workers hold little, for 15 readings.
+    feed_children(detector, [18.0] * 16, t0=100.0, step0=2000)
+    assert alerts[-1].state == "resolved" and "released" in alerts[-1].message

@@ -36,7 +36,7 @@ from torchmem.units import format_bytes
 
 #: Exit code of ``torchmem run --fail-on-leak`` when a leak alert fired.
 EXIT_LEAK = 4
-LEAK_KINDS = (AlertKind.LEAK, AlertKind.EPOCH_GROWTH)
+LEAK_KINDS = (AlertKind.LEAK, AlertKind.EPOCH_GROWTH, AlertKind.WORKER_GROWTH)
 
 
 class StepLimit:
