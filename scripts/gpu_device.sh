@@ -19,13 +19,15 @@ cp -r core/. "$site/torchmem/"
 cp -r gui "$site/torchmem/gui"
 cp -r resources "$site/torchmem/resources"
 find "$site" -name __pycache__ -prune -exec rm -rf {} +
-# The snapshot reader's optional native scanner, as setuptools would build it.
+# The optional C helpers (pyproject.toml's ext-modules), as setuptools would build them.
 include=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-if ! cc -O2 -shared -fPIC -I"$include" core/snapshots/_scan.c \
-        -o "$site/torchmem/snapshots/_scan$suffix" 2>/dev/null; then
-    echo "native snapshot scanner not built here: torchmem falls back to pickle"
-fi
+for source in core/snapshots/_scan.c core/tensors/_heap.c; do
+    target="$site/torchmem/${source#core/}"
+    if ! cc -O2 -shared -fPIC -I"$include" "$source" -o "${target%.c}$suffix" 2>/dev/null; then
+        echo "$source not built here: torchmem falls back to its Python version"
+    fi
+done
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 -c 'import torch, torchmem; print("torch", torch.__version__, "torchmem from", torchmem.__file__)'
