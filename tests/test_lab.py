@@ -9,6 +9,7 @@ import threading
 
 import psutil
 import pytest
+import torch
 
 from torchmem.cli.lab import jobs_of
 from torchmem.lab.measure import Job, measure
@@ -95,6 +96,13 @@ def test_a_bad_expression_is_refused_before_anything_runs(text, message):
         expression(text)
     with pytest.raises(ValueError, match=message):
         jobs_of([text], [N], ["float32"], ["cpu"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_a_device_this_machine_lacks_is_a_row_that_says_so():
+    row = measure(Job("add", 8, device="cuda:0"))
+    assert row.error.startswith("no cuda device here (torch ") and "choose cpu" in row.error
+    assert row.median_s is None, "nothing ran"
 
 
 def test_a_shape_mismatch_is_a_row_with_its_error():

@@ -87,6 +87,10 @@ def measure(job: Job) -> Row:
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"not a torch dtype: {job.dtype!r} (e.g. float32, bfloat16)")
         device = torch.device(job.device)
+        missing = _missing_device(torch, device)
+        if missing:
+            row.error = missing
+            return row
         if op.accelerator and device.type == "cpu":
             row.skipped = "needs an accelerator: a host-to-device copy has nothing to copy to"
             return row
@@ -97,6 +101,21 @@ def measure(job: Job) -> Row:
     except Exception as exc:  # the user's expression, a dtype the op lacks, a shape error
         row.error = f"{type(exc).__name__}: {exc}".strip()
     return row
+
+
+def _missing_device(torch: Any, device: Any) -> str:
+    """Why ``device`` cannot be used here, for a user ("" when it can): torch's own words
+    for a CPU build asked for CUDA were "AssertionError: Torch not compiled with CUDA
+    enabled"."""
+    if device.type in ("cpu", "meta"):
+        return ""
+    backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
+    if backend is None or not backend.is_available():
+        return f"no {device.type} device here (torch {torch.__version__}): choose cpu"
+    count = getattr(backend, "device_count", lambda: 1)()
+    if device.index is not None and device.index >= count:
+        return f"{device}: this machine has {count} {device.type} device{'s' * (count > 1)}"
+    return ""
 
 
 def _inputs(op: Operation, job: Job, dtype: Any, device: Any) -> dict[str, Any]:
