@@ -28,6 +28,12 @@ def check(name: str, ok: bool, detail: str = "") -> None:
     print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
 
 
+def broke(name: str, exc: BaseException, *outputs: str) -> None:
+    """A failed check whose reading itself failed: the exception and the tails of the
+    output that explain it."""
+    check(name, False, " ".join([f"{type(exc).__name__}: {exc}", *outputs]))
+
+
 def python(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
@@ -211,7 +217,7 @@ def check_agent(out_dir: Path) -> None:
             )
             remote.close()
         except Exception as exc:
-            check("agent on CUDA", False, f"{type(exc).__name__}: {exc}")
+            broke("agent on CUDA", exc)
         finally:
             child.kill()
             child.wait()
@@ -256,11 +262,7 @@ def check_lab(out_dir: Path) -> None:
             f"{rate(pinned, 1e9, 'GB/s')}, {rate(pageable, 1e9, 'GB/s')}",
         )
     except Exception as exc:
-        check(
-            "lab on cuda:0",
-            False,
-            f"{type(exc).__name__}: {exc} {r.stdout[-400:]} {r.stderr[-300:]}",
-        )
+        broke("lab on cuda:0", exc, r.stdout[-400:], r.stderr[-300:])
 
 
 def check_tune_api(out_dir: Path) -> None:
@@ -299,7 +301,7 @@ def check_tune_api(out_dir: Path) -> None:
                 f"MiB of {limit >> 20} MiB",
             )
         except Exception as exc:
-            check("torchmem.tune on cuda:0", False, f"{type(exc).__name__}: {r.stderr[-300:]}")
+            broke("torchmem.tune on cuda:0", exc, r.stderr[-300:])
 
 
 def check_snapshot(out_dir: Path) -> None:
@@ -337,7 +339,7 @@ def check_snapshot(out_dir: Path) -> None:
                 f"{peak_torch >> 20} MiB), {data['events']} events, kinds {sorted(kinds)}",
             )
         except Exception as exc:
-            check("snapshot of a real run", False, f"{exc}: {r.stderr[-200:]} {info.stderr[-200:]}")
+            broke("snapshot of a real run", exc, r.stderr[-200:], info.stderr[-200:])
 
 
 def check_snapshot_names(out_dir: Path) -> None:
@@ -384,7 +386,7 @@ def check_snapshot_names(out_dir: Path) -> None:
                 f"{data['named_allocations']} allocations named; {names[:4]}",
             )
         except Exception as exc:
-            check("snapshot names", False, f"{exc}: {r.stderr[-300:]}")
+            broke("snapshot names", exc, r.stderr[-300:])
 
 
 def check_sync(out_dir: Path) -> None:
@@ -544,11 +546,7 @@ def check_loader(out_dir: Path) -> None:
                 + r.stderr[-200:],
             )
         except Exception as exc:
-            check(
-                "DataLoader workers on CUDA",
-                False,
-                f"{type(exc).__name__}: {exc} {r.stderr[-400:]}",
-            )
+            broke("DataLoader workers on CUDA", exc, r.stderr[-400:])
 
 
 def check_allocator(out_dir: Path) -> None:
@@ -592,7 +590,7 @@ def check_allocator(out_dir: Path) -> None:
                 f"{peaks[1] / 2**20:.0f} MiB (expandable); {expandable['allocator']}",
             )
         except (ValueError, KeyError, TypeError) as exc:
-            check("allocator settings", False, f"{exc}: {r.stdout[-200:]} {r.stderr[-300:]}")
+            broke("allocator settings", exc, r.stdout[-200:], r.stderr[-300:])
 
 
 CHECKS = {
@@ -650,7 +648,7 @@ def main() -> int:
         try:
             fn(out_dir)
         except Exception as exc:  # a check that broke (a timeout, say) must not end the others
-            check(name, False, f"the check itself failed: {type(exc).__name__}: {exc}")
+            broke(name, exc, "(the check itself failed)")
         timings[name] = round(time.perf_counter() - started, 1)
         print(f"-- {name}: {timings[name]} s", flush=True)
         write_results(out_dir, device, torch.__version__)

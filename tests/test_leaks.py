@@ -270,12 +270,12 @@ CAPTIONS_NUMPY = [17.2, 17.6, 17.8, 18.0, 18.0, 18.0, 18.1, 18.1, 18.1, 18.1, 18
 CAPTIONS_NUMPY += [18.3] * 20 + [17.3] + [17.6] * 20  # the second epoch's workers
 
 
-def feed_children(detector, mib, t0=0.0, step0=0, key="cpu/children"):
+def feed_children(detector, mib, t0=0.0, step0=0):
     """Readings every 2 s, with the step boundaries (25 steps a second) between them."""
     for i, value in enumerate(mib):
         step = step0 + 50 * i
         detector.on_event(Sample(t0 + 2 * i, {"cpu/rss": 500.0 * MiB}, step))
-        detector.on_event(Sample(t0 + 2 * i + 0.01, {key: value * MiB}))
+        detector.on_event(Sample(t0 + 2 * i + 0.01, {"cpu/children": value * MiB}))
 
 
 def test_workers_copying_a_python_list_raise_an_alert_that_stays_while_the_copy_is_held():
@@ -296,9 +296,11 @@ def test_workers_copying_a_python_list_raise_an_alert_that_stays_while_the_copy_
 def test_workers_over_a_numpy_dataset_and_a_worker_that_loads_once_raise_nothing():
     detector, alerts = make()
     feed_children(detector, CAPTIONS_NUMPY)
-    # A worker that loads a 200 MiB shard in its first seconds, then holds it.
-    feed_children(detector, [20.0, 220.0] + [221.0] * 30, t0=200.0, key="rank1/cpu/children")
-    assert alerts == []
+    # A worker that loads a 200 MiB shard in its first seconds, then holds it (a run of
+    # its own: a detector watches one process).
+    shard, shard_alerts = make()
+    feed_children(shard, [20.0, 220.0] + [221.0] * 30, t0=200.0)
+    assert alerts == [] and shard_alerts == []
 
 
 def test_workers_restarted_each_epoch_keep_the_alert_until_the_copies_are_released():

@@ -62,21 +62,22 @@ def measure_in_child(job: Job) -> dict[str, Any]:
         return row.to_json()
 
 
-def on_accelerator(job: Job) -> bool:
-    """Whether ``job`` runs on an accelerator (``cuda:0``, ``xpu``, ``mps``)."""
-    return job.device.split(":", 1)[0].strip().lower() != "cpu"
+def device_type(job: Job) -> str:
+    """The kind of ``job``'s device: ``cpu``, ``cuda`` (for ``cuda:0``), ``xpu``, ``mps``."""
+    return job.device.split(":", 1)[0].strip().lower()
 
 
 def answer(job: Job) -> dict[str, Any]:
     """``job``'s row as JSON: measured in a forked child on the CPU, here on a device."""
-    if not on_accelerator(job):
+    kind = device_type(job)
+    if kind == "cpu":
         return measure_in_child(job)
     try:
         return measure(job).to_json()
     finally:
         import torch
 
-        backend = getattr(torch, job.device.split(":", 1)[0].strip().lower(), None)
+        backend = getattr(torch, kind, None)
         if backend is not None and hasattr(backend, "empty_cache"):
             with contextlib.suppress(Exception):  # a device that never started: no cache
                 backend.empty_cache()

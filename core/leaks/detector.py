@@ -1,4 +1,4 @@
-"""Leak and capacity alerts: memory that grows step after step, and who is growing.
+"""Leak and capacity alerts: memory that grows step after step (or over time), and who grows.
 
 The detector is a core model fed by the Session's events. It measures at step boundaries
 (samples tagged with a step, taken at the same point of every iteration), ignores a
@@ -105,6 +105,7 @@ SUGGEST_WORKERS = (
 # dataset of a million captions in a list, read by two shuffling workers, rose 36 -> 306
 # MiB in 21 s and then held it (each worker had copied the whole list); the same dataset
 # as one numpy array held 17-18 MiB for two epochs.
+CHILDREN_KEY = "cpu/children"  # the detector watches its own process: no rank scope
 CHILDREN_WINDOW = 30
 CHILDREN_MIN_READINGS = 8
 CHILDREN_MIN_RISE = 64 * MiB
@@ -152,6 +153,45 @@ class _Trend:
         #: Child processes' memory: where the alerted rise started, and its top so far.
         self.rise_start = 0.0
         self.rise_peak = 0.0
+
+    def clear(self) -> None:
+        """Forget the readings (they were of another quantity, or of processes now gone)."""
+        self.steps.clear()
+        self.values.clear()
+        self.times.clear()
+
+    def make_alert(
+        self,
+        sample: Sample,
+        key: str,
+        kind: AlertKind,
+        severity: Severity,
+        series: str,
+        message: str,
+        suggestion: str,
+        per_step: float,
+        per_minute: float,
+        culprits: tuple[dict[str, Any], ...] = (),
+    ) -> Alert:
+        """An active alert over these readings; an update keeps the first and raised steps
+        of the alert it replaces."""
+        previous = self.alert
+        return Alert(
+            t=sample.t,
+            key=key,
+            kind=kind,
+            severity=severity,
+            state=AlertState.ACTIVE,
+            series=series,
+            first_step=previous.first_step if previous else int(self.steps[0]),
+            step=int(self.steps[-1]),
+            message=message,
+            suggestion=suggestion,
+            per_step=per_step,
+            per_minute=per_minute,
+            culprits=culprits,
+            raised_step=previous.raised_step if previous else int(self.steps[-1]),
+        )
 
 
 class LeakDetector:
@@ -201,9 +241,9 @@ class LeakDetector:
         if isinstance(event, Sample):
             self._latest.update(event.values)
             self._check_capacity(event)
-            for key, value in event.values.items():
-                if key.endswith("/children"):
-                    self._on_children(key, value, event)
+            children = event.values.get(CHILDREN_KEY)
+            if children is not None:  # every 2 s, never at a step boundary
+                self._on_children(CHILDREN_KEY, children, event)
             if event.step is not None:
                 self._on_boundary(event)
         elif isinstance(event, CensusTaken):
@@ -236,9 +276,7 @@ class LeakDetector:
             if trend.netted is not None and netted != trend.netted:
                 # The free bytes stopped coming (too costly to read in this process): the
                 # readings before are of another quantity, so the trend starts again.
-                trend.steps.clear()
-                trend.values.clear()
-                trend.times.clear()
+                trend.clear()
             trend.netted = netted
             trend.steps.append(float(step))
             trend.values.append(value)
@@ -291,9 +329,7 @@ class LeakDetector:
         if trend is None:
             trend = self._children[key] = _Trend(CHILDREN_WINDOW)
         if value <= 0:  # the children are gone (a zero once, then nothing)
-            trend.steps.clear()
-            trend.values.clear()
-            trend.times.clear()
+            trend.clear()
             self._resolve(trend, sample, "the child processes ended")
             return
         trend.steps.append(float(self._last_step))
@@ -330,7 +366,6 @@ class LeakDetector:
         self._raise_children(key, trend, sample, slope)
 
     def _raise_children(self, key: str, trend: _Trend, sample: Sample, slope: float) -> None:
-        previous = trend.alert
         steps = trend.steps[-1] - trend.steps[0]
         seconds = trend.times[-1] - trend.times[0]
         message = (
@@ -338,21 +373,11 @@ class LeakDetector:
             f"{format_bytes(trend.rise_start)} -> {format_bytes(trend.rise_peak)} "
             f"({format_bytes(slope * 60, signed=True)}/min while rising)"
         )
-        alert = Alert(
-            t=sample.t,
-            key=f"worker_growth:{key}",
-            kind=AlertKind.WORKER_GROWTH,
-            severity=Severity.WARNING,
-            state=AlertState.ACTIVE,
-            series=key,
-            first_step=previous.first_step if previous else int(trend.steps[0]),
-            step=int(trend.steps[-1]),
-            message=message,
-            suggestion=SUGGEST_WORKERS,
-            per_step=slope * seconds / steps if steps > 0 else 0.0,
-            per_minute=slope * 60,
-            raised_step=previous.raised_step if previous else int(trend.steps[-1]),
-        )
+        alert = trend.make_alert(
+            sample, f"worker_growth:{key}", AlertKind.WORKER_GROWTH, Severity.WARNING, key,
+            message, SUGGEST_WORKERS,
+            per_step=slope * seconds / steps if steps > 0 else 0.0, per_minute=slope * 60,
+        )  # fmt: skip
         self._emit(trend, alert)
 
     def _per_minute(self, trend: _Trend, slope: float) -> float:
@@ -384,22 +409,11 @@ class LeakDetector:
             )
             if not changed and trend.updates % 20:
                 return
-        alert = Alert(
-            t=sample.t,
-            key=f"leak:{key}",
-            kind=AlertKind.LEAK,
-            severity=Severity.CRITICAL if self._near_capacity(device, slope) else Severity.WARNING,
-            state=AlertState.ACTIVE,
-            series=key,
-            first_step=previous.first_step if previous else int(trend.steps[0]),
-            step=int(trend.steps[-1]),
-            message=message,
-            suggestion=suggestion,
-            per_step=slope,
-            per_minute=self._per_minute(trend, slope),
-            culprits=tuple(culprits),
-            raised_step=previous.raised_step if previous else int(trend.steps[-1]),
-        )
+        severity = Severity.CRITICAL if self._near_capacity(device, slope) else Severity.WARNING
+        alert = trend.make_alert(
+            sample, f"leak:{key}", AlertKind.LEAK, severity, key, message, suggestion,
+            per_step=slope, per_minute=self._per_minute(trend, slope), culprits=tuple(culprits),
+        )  # fmt: skip
         self._emit(trend, alert)
 
     def _near_capacity(self, device: str, slope: float) -> bool:
@@ -429,22 +443,15 @@ class LeakDetector:
         if growing and flat:
             trend.quiet = 0
             if trend.alert is None:
-                alert = Alert(
-                    sample.t,
-                    f"cache_growth:{device}",
-                    AlertKind.CACHE_GROWTH,
-                    Severity.WARNING,
-                    AlertState.ACTIVE,
-                    key,
-                    int(trend.steps[0]),
-                    int(trend.steps[-1]),
+                message = (
                     f"{device} reserved grows {format_bytes(slope, signed=True)}/step while "
-                    "allocated is flat: allocator cache, not a leak",
-                    SUGGEST_CACHE,
-                    slope,
-                    self._per_minute(trend, slope),
-                    raised_step=int(trend.steps[-1]),
+                    "allocated is flat: allocator cache, not a leak"
                 )
+                alert = trend.make_alert(
+                    sample, f"cache_growth:{device}", AlertKind.CACHE_GROWTH,
+                    Severity.WARNING, key, message, SUGGEST_CACHE,
+                    per_step=slope, per_minute=self._per_minute(trend, slope),
+                )  # fmt: skip
                 self._emit(trend, alert)
         elif trend.alert is not None:
             trend.quiet += 1

@@ -68,8 +68,7 @@ def objects_of_types(bases: Sequence[type]) -> tuple[list[list[Any]], set[type]]
     while the list is alive), else in a Python section (:func:`uninterrupted`).
     """
     if _heap is not None:
-        lists, first = _heap.objects_of_types(tuple(bases))
-        return lists, first
+        return _heap.objects_of_types(tuple(bases))
     with uninterrupted():
         objects = gc.get_objects()
         types_ = list(map(type, objects))
