@@ -131,3 +131,23 @@ def test_a_job_that_fails_in_its_launcher_says_the_launchers_error():
     trial = measured_trial(plan, 4, 1, 1 << 28, None, {"ranks": [{}, {}]}, stderr, 3.1)
     assert not trial.ok and not trial.oom
     assert "exited with code 1" in trial.message and "RendezvousClosedError" in trial.message
+
+
+def test_a_rank_that_dies_is_named_by_its_exception_not_by_torchruns_report():
+    # A CI run's trial failed with only "(error_file: <N/A>)", the last line of torchrun's
+    # failure report with "error" in it; the rank's own exception came before the report.
+    from torchmem.tuning.trial import TrialPlan, measured_trial
+
+    plan = TrialPlan("torchrun", ("train.py",), "--batch-size", budget_bytes=1 << 30, job=True)
+    stderr = (
+        "[rank1]: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "Root Cause (first observed failure):\n"
+        "  exitcode  : 1 (pid: 4242)\n"
+        "  error_file: <N/A>\n"
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
+        "torchmem: torchrun… exited with code 1 after 3.7 s; 2 process(es) with torch\n"
+    )
+    trial = measured_trial(plan, 33, 1, 1 << 28, None, {"ranks": [{}, {}]}, stderr, 3.7)
+    assert "Connection closed by peer" in trial.message, trial.message
+    assert "error_file" not in trial.message and "exited with code 1" in trial.message

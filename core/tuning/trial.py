@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -435,16 +436,31 @@ def _failure(plan: TrialPlan, code: int, summary: dict[str, Any], stderr: str) -
     lines = stderr.strip().splitlines()
     tail = lines[-1] if lines else ""
     if plan.job and not message:
-        # No rank reported a failure: the launcher did. Its last error line says what,
-        # where torchmem's own summary line (the tail) only says "exited with code 1".
-        cause = next(
-            (line.strip() for line in reversed(lines)
-             if "error" in line.lower() and not line.startswith("torchmem:")),
-            "",
-        )  # fmt: skip
+        # No rank reported a failure: the launcher did. Its error line says what, where
+        # torchmem's own summary line (the tail) only says "exited with code 1".
+        cause = _launcher_cause(lines)
         if cause:
             return f"{tail} ({cause[:300]})" if tail else cause[:300]
     return message or tail or f"exit code {code}"
+
+
+#: Lines of torchrun's failure report that name no cause: a CI failure said only
+#: "(error_file: <N/A>)", the report's last line with "error" in it.
+_LAUNCHER_REPORT = ("error_file:", "elastic/errors.html", "ChildFailedError")
+_EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[\w.]*(Error|Exception)\b")
+
+
+def _launcher_cause(lines: list[str]) -> str:
+    """The launcher's (or a rank's) last exception line in ``stderr``, else its last line
+    that mentions an error; torchmem's own lines and torchrun's report are not causes."""
+    candidates = [
+        line.strip()
+        for line in lines
+        if not line.startswith("torchmem:") and not any(r in line for r in _LAUNCHER_REPORT)
+    ]
+    exceptions = [line for line in candidates if _EXCEPTION_LINE.match(line)]
+    errors = exceptions or [line for line in candidates if "error" in line.lower()]
+    return errors[-1] if errors else ""
 
 
 def _int(value: Any) -> int | None:
