@@ -130,6 +130,29 @@ def test_tensors_in_containers_closures_and_classes_are_named():
     assert klass.name.startswith("class attribute Holder.kept"), klass.name
 
 
+class _Cache:
+    def __init__(self):
+        self.batches = [torch.full((8,), float(i)) for i in range(3000)]
+        self.by_key = {f"k{i}": torch.full((3,), float(i)) for i in range(500)}
+        self.by_key["k0"] = torch.zeros(100)  # the largest: its dict is among those looked up
+
+
+def test_every_tensor_of_a_big_container_the_script_does_not_name_gets_its_own_place():
+    """Tensors found only by what holds them (no script variable reaches them): each item
+    of a 3,000-tensor list is named by its own index, each dict value by its own key, once
+    one of its tensors is among the largest unnamed (those whose holders are looked up)."""
+    holder = _Cache()
+    c = take_census([])  # no namespaces: only referrers can name them
+    for i in (0, 1, 1234, 2999):
+        (name,) = names_in(storage_of(c, holder.batches[i]))
+        assert name.startswith(f"item {i} of a list of 3000 in attribute _Cache.batches:"), name
+    for i in (0, 499):
+        (name,) = names_in(storage_of(c, holder.by_key[f"k{i}"]))
+        assert name.startswith(f"value of key 'k{i}' in a dict of 500"), name
+    listed = [t for t in c.tensors() if t.name.startswith("item ") and "_Cache.batches" in t.name]
+    assert len(listed) == 3000
+
+
 def test_saved_tensors_of_an_mlp_are_attributed_to_its_loss():
     mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
     loss = mlp(torch.randn(16, 32)).pow(2).mean()
