@@ -30,7 +30,7 @@ from torchmem.tensors.referrers import referrers_of
 from torchmem.units import format_bytes
 
 from .bridge import SessionBridge
-from .tensor_model import TensorFilterProxy, TensorModel
+from .tensor_model import TensorModel
 
 NO_CENSUS = "No census yet: press Refresh while a script runs."
 GAP_LABEL = "not held by a Python tensor (allocator rounding, autograd buffers, C++ caches)"
@@ -50,8 +50,6 @@ class TensorPanel(QWidget):
         self.referrers: Callable[[TensorInfo], dict[str, Any]] | None = None
         self.session = session
         self.model = TensorModel(self)
-        self.proxy = TensorFilterProxy(self)
-        self.proxy.setSourceModel(self.model)
         self._shown: CensusTaken | None = None
 
         self.refresh_button = QPushButton("Refresh")
@@ -67,7 +65,7 @@ class TensorPanel(QWidget):
         self.filter_edit = QLineEdit()
         self.filter_edit.setPlaceholderText("Filter: name, dtype, device, shape, kind (all words)")
         self.filter_edit.setClearButtonEnabled(True)
-        self.filter_edit.textChanged.connect(self.proxy.set_filter_text)
+        self.filter_edit.textChanged.connect(self.model.set_filter_text)
         top = QHBoxLayout()
         top.addWidget(self.refresh_button)
         top.addWidget(self.auto_check)
@@ -95,7 +93,7 @@ class TensorPanel(QWidget):
         self._show_details(False)
 
         self.view = QTreeView()
-        self.view.setModel(self.proxy)
+        self.view.setModel(self.model)
         self.view.setSortingEnabled(True)
         self.view.sortByColumn(2, Qt.DescendingOrder)
         self.view.setUniformRowHeights(True)
@@ -204,7 +202,7 @@ class TensorPanel(QWidget):
     @Slot(QModelIndex)
     def show_details(self, index: QModelIndex) -> None:
         """A dialog with the tensor's details and what keeps it alive."""
-        info = self.model.info_at(self.proxy.mapToSource(index))
+        info = self.model.info_at(index)
         if info is None:
             return
         dialog = TensorDetails(

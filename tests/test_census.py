@@ -137,20 +137,29 @@ class _Cache:
         self.by_key["k0"] = torch.zeros(100)  # the largest: its dict is among those looked up
 
 
+class _Pair:
+    def __init__(self):
+        self.items = [torch.zeros(200), torch.zeros(200)]
+
+
 def test_every_tensor_of_a_big_container_the_script_does_not_name_gets_its_own_place():
     """Tensors found only by what holds them (no script variable reaches them): each item
     of a 3,000-tensor list is named by its own index, each dict value by its own key, once
-    one of its tensors is among the largest unnamed (those whose holders are looked up)."""
+    one of its tensors is among the largest unnamed (those whose holders are looked up);
+    an attribute's list is named as a path, a loose list by the item's place in it."""
     holder = _Cache()
+    loose = [torch.zeros(300) for _ in range(2)]  # held by this frame only
+    vars(holder)  # made, as the census's walk of a script's variables makes it
+    pair = _Pair()  # its __dict__ never asked for
     c = take_census([])  # no namespaces: only referrers can name them
     for i in (0, 1, 1234, 2999):
-        (name,) = names_in(storage_of(c, holder.batches[i]))
-        assert name.startswith(f"item {i} of a list of 3000 in attribute _Cache.batches:"), name
+        assert names_in(storage_of(c, holder.batches[i])) == [f"_Cache.batches[{i}]"]
     for i in (0, 499):
-        (name,) = names_in(storage_of(c, holder.by_key[f"k{i}"]))
-        assert name.startswith(f"value of key 'k{i}' in a dict of 500"), name
-    listed = [t for t in c.tensors() if t.name.startswith("item ") and "_Cache.batches" in t.name]
+        assert names_in(storage_of(c, holder.by_key[f"k{i}"])) == [f"_Cache.by_key['k{i}']"]
+    listed = [t for t in c.tensors() if t.name.startswith("_Cache.batches[")]
     assert len(listed) == 3000
+    assert names_in(storage_of(c, loose[1])) == ["item 1 of a list of 2: float32 [300]"]
+    assert names_in(storage_of(c, pair.items[1])) == ["_Pair.items[1]"]
 
 
 def test_saved_tensors_of_an_mlp_are_attributed_to_its_loss():

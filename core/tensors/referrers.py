@@ -115,16 +115,17 @@ def _key_of(d: dict, value: Any) -> str:
     return next((str(k) for k, v in d.items() if v is value), "?")
 
 
-def _container_owners(containers: list[Any], exclude: set[int]) -> dict[int, str]:
-    """`` captured by closure f()`` or `` in attribute C.x`` for each list or dict of
-    ``containers`` that has such an owner, by id; at most two scans of the heap for all.
+def _container_owners(containers: list[Any], exclude: set[int]) -> dict[int, tuple[str, bool]]:
+    """Who owns each list or dict of ``containers`` that has an owner, by id: ``("C.x",
+    True)`` for an attribute of an object of class C, ``(" captured by closure f()",
+    False)`` for a closure's variable; at most two scans of the heap for all.
 
     An object's attributes live in its ``__dict__`` once anything has asked for it (the
     census's own namespace walk does): the heap then shows that dict as the holder, and
     the object is found by a second scan, for all such dicts at once.
     """
     wanted = {id(c) for c in containers}
-    owners: dict[int, str] = {}
+    owners: dict[int, tuple[str, bool]] = {}
     attr_dicts: list[dict] = []
     for holder in gc.get_referrers(*containers):
         if id(holder) in exclude or isinstance(holder, types.FrameType):
@@ -134,7 +135,7 @@ def _container_owners(containers: list[Any], exclude: set[int]) -> dict[int, str
             if id(held) in wanted and id(held) not in owners:
                 fn = _closure_owner(holder)
                 if fn is not None:
-                    owners[id(held)] = f" captured by closure {fn.__qualname__}()"
+                    owners[id(held)] = (f" captured by closure {fn.__qualname__}()", False)
         elif isinstance(holder, dict):
             if any(map(wanted.__contains__, map(id, list(holder.values())))):
                 attr_dicts.append(holder)
@@ -154,10 +155,12 @@ def _container_owners(containers: list[Any], exclude: set[int]) -> dict[int, str
     return owners
 
 
-def _name_attributes(owners: dict[int, str], wanted: set[int], cls: str, attrs: dict) -> None:
+def _name_attributes(
+    owners: dict[int, tuple[str, bool]], wanted: set[int], cls: str, attrs: dict
+) -> None:
     for key, value in list(attrs.items()):
         if id(value) in wanted and id(value) not in owners:
-            owners[id(value)] = f" in attribute {cls}.{key}"
+            owners[id(value)] = (f"{cls}.{key}", True)
 
 
 def name_by_referrers(infos: dict[int, TensorInfo], unnamed: list[Any], exclude: set[int]) -> None:
@@ -171,30 +174,35 @@ def name_by_referrers(infos: dict[int, TensorInfo], unnamed: list[Any], exclude:
     if not unnamed:
         return
     exclude = exclude | {id(infos), id(sys._getframe())}
-    found: list[tuple[TensorInfo, str, Any]] = []
+    found: list[tuple[TensorInfo, str, str, Any]] = []
     containers: dict[int, Any] = {}
     refs = gc.get_referrers(*unnamed)
     exclude.add(id(refs))
     for ref in refs:
         if id(ref) in exclude or isinstance(ref, types.FrameType):
             continue
-        for info, where in _unnamed_held(ref, infos):
+        for info, where, item in _unnamed_held(ref, infos):
             info.named = True  # the first container that holds a tensor names it
-            found.append((info, where, ref))
+            found.append((info, where, item, ref))
             if isinstance(ref, (list, dict)):
                 containers[id(ref)] = ref
     refs.clear()
-    owners: dict[int, str] = {}
+    owners: dict[int, tuple[str, bool]] = {}
     if containers:
         held = list(containers.values())
         owners = _container_owners(held, exclude | {id(found), id(containers), id(held)})
         held.clear()
-    for info, where, ref in found:
-        info.name = f"{where}{owners.get(id(ref), '')}: {info.name}"
+    for info, where, item, ref in found:
+        owner, is_attribute = owners.get(id(ref), ("", False))
+        if is_attribute:  # a path, as the script's variables are named: Cache.batches[3]
+            info.name = f"{owner}{item}"
+        else:  # how it is held, then what it is: item 3 of a list of 40: float32 [3]
+            info.name = f"{where}{owner}: {info.name}"
 
 
-def _unnamed_held(ref: Any, infos: dict[int, TensorInfo]) -> Iterator[tuple[TensorInfo, str]]:
-    """Each tensor of ``infos`` still unnamed that ``ref`` holds, with how it holds it.
+def _unnamed_held(ref: Any, infos: dict[int, TensorInfo]) -> Iterator[tuple[TensorInfo, str, str]]:
+    """Each tensor of ``infos`` still unnamed that ``ref`` holds, with how it holds it in
+    words and, for a list or dict, its index (``[3]``, ``['key']``).
 
     Lists and dicts are read in one pass (which items are tensors of the census is found
     in C); describing each item by searching the container for it was quadratic: 66,666
@@ -206,7 +214,7 @@ def _unnamed_held(ref: Any, infos: dict[int, TensorInfo]) -> Iterator[tuple[Tens
         for i in compress(range(n), map(infos.__contains__, map(id, items))):
             info = infos[id(items[i])]
             if not info.named:
-                yield info, f"item {i} of a list of {n}"
+                yield info, f"item {i} of a list of {n}", f"[{i}]"
     elif isinstance(ref, dict):
         keys, values = list(ref), list(ref.values())
         if len(keys) != len(values):  # changed between the two copies: skip this time
@@ -221,16 +229,16 @@ def _unnamed_held(ref: Any, infos: dict[int, TensorInfo]) -> Iterator[tuple[Tens
             k, info = keys[i], infos[id(values[i])]
             if not info.named:
                 if owner is not None:
-                    yield info, f"class attribute {owner.__qualname__}.{k}"
+                    yield info, f"class attribute {owner.__qualname__}.{k}", ""
                 else:
-                    yield info, f"value of key {k!r} in a dict of {len(ref)}"
+                    yield info, f"value of key {k!r} in a dict of {len(keys)}", f"[{k!r}]"
     else:  # tuples, sets and cells say the same of every item; objects have few attributes
         for held in gc.get_referents(ref):
             info = infos.get(id(held))
             if info is not None and not info.named:
                 where = _describe_referrer(ref, held)
                 if where:
-                    yield info, where
+                    yield info, where, ""
 
 
 def referrers_of(tensor: TensorInfo) -> dict[str, Any]:
