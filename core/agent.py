@@ -164,6 +164,7 @@ class Agent:
         self._unsubscribe: Callable[[], None] | None = None
         self.frames_in = 0
         self.errors = 0
+        self._rank_known = False  # set at start; then once torch.distributed says it
         #: Set when the first viewer subscribes (``torchmem run --wait-attach``).
         self.first_viewer = threading.Event()
 
@@ -192,6 +193,7 @@ class Agent:
             label=self.label,
             start_ticks=process_start_ticks(self.pid),
         )
+        self._rank_known = self.entry.rank is not None
         self._unsubscribe = self.session.subscribe(self._on_event)
         self._thread = threading.Thread(target=self._serve, name="torchmem-agent", daemon=True)
         self._worker = threading.Thread(
@@ -320,6 +322,8 @@ class Agent:
                         if mask & selectors.EVENT_WRITE and viewer.id in self._viewers:
                             self._write(sel, viewer)
                 self._pump(sel)
+                if not self._rank_known:
+                    self._learn_rank()
         except Exception:  # never take the training process down with the agent
             log.exception("torchmem agent stopped")
         finally:
@@ -328,6 +332,33 @@ class Agent:
             sel.close()
             if self._listener is not None:
                 self._listener.close()
+
+    def _learn_rank(self) -> None:
+        """Publish this process's rank once torch.distributed knows it.
+
+        torchrun's ranks find theirs in the environment before serving; an ``mp.spawn``
+        rank gets its rank as an argument and passes it to ``init_process_group``, after
+        the agent started with the import of torch. Its entry is rewritten then, so that
+        the viewers that attach from then on (``torchmem run -- COMMAND`` waits a little
+        for it) label it ``rank N``, not by its pid. Five cheap checks a second until then.
+        """
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or self.entry is None or self.directory is None:
+            return
+        try:
+            if not (dist.is_available() and dist.is_initialized()):
+                return
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        except Exception:  # a group being torn down or half made: look again later
+            return
+        self._rank_known = True
+        if rank < 0:  # this process is not in the default group
+            return
+        self.entry.rank, self.entry.world_size = rank, world_size
+        try:
+            write_entry(self.entry, self.directory)
+        except OSError as exc:
+            log.warning("could not publish the rank of %s: %s", self.pid, exc)
 
     def _accept(self, sel: selectors.BaseSelector) -> None:
         assert self._listener is not None

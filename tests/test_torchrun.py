@@ -13,6 +13,7 @@ from helpers import check_summary
 from test_agent import start, wait_until
 
 from torchmem.cli.attach import attach_headless
+from torchmem.cli.launch import hook_dir
 from torchmem.sources.processes import agents_for
 
 pytestmark = pytest.mark.slow
@@ -169,3 +170,35 @@ def test_max_steps_ends_every_rank_of_an_endless_job_cleanly(runtime_dir, tmp_pa
     assert all(r["message"] == "stopped after 3 steps (--max-steps)" for r in data["ranks"])
     assert data["step_time_s"] == max(r["step_time_s"] for r in data["ranks"]) > 0
     assert "finished 3 steps" not in proc.stdout  # stopped at the step, not at the loop's end
+
+
+def test_mp_spawn_ranks_are_labelled_by_rank_and_come_with_their_parent(runtime_dir, tmp_path):
+    """The DDP tutorial's mp.spawn: ranks learn their rank in init_process_group, not from
+    the environment. They are still shown as rank 0 and rank 1 (they were pid labels), by
+    `torchmem run -- COMMAND` and when attaching to the script (it serves itself too)."""
+    out = tmp_path / "job.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchmem", "run", "--summary", str(out), "--", sys.executable,
+         str(SCRIPTS / "ddp_spawn.py"), "--steps", "40"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = check_summary(json.loads(out.read_text()))
+    assert [(r["rank"], r["world_size"]) for r in data["ranks"]] == [(None, None), (0, 2), (1, 2)]
+    assert {"rank0/cpu_rss", "rank1/cpu_rss"} <= set(data["peak_bytes"]), data["peak_bytes"]
+
+    until = tmp_path / "stop"
+    script = start([str(SCRIPTS / "ddp_spawn.py"), "--steps", "0", "--until", str(until)],
+                   env={"TORCHMEM_AUTOSERVE": "1", "PYTHONPATH": str(hook_dir())})  # fmt: skip
+    try:
+        wait_until(lambda: len(agents_for(script.pid)) == 3 or script.poll() is not None, 90)
+        found = agents_for(script.pid)
+        assert [(e.pid == script.pid, e.rank) for e in found] == [(True, None), (False, 0),
+                                                                  (False, 1)], found  # fmt: skip
+        attached = tmp_path / "attach.json"
+        assert attach_headless(script.pid, 1.5, str(attached), quiet=True) == 0
+        ranks = check_summary(json.loads(attached.read_text()))["ranks"]
+        assert [r["rank"] for r in ranks] == [None, 0, 1]
+    finally:
+        until.touch()
+        script.communicate(timeout=60)

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from torchmem.cli.summary import build_summary, rank_row, write_summary
 from torchmem.resources import path as resource_path
 from torchmem.session import Session
@@ -27,7 +29,7 @@ from torchmem.sources.processes import agents_for
 from torchmem.sources.remote import RemoteSource
 from torchmem.sources.totals import RankTotals
 from torchmem.transport.client import AttachError
-from torchmem.transport.discovery import runtime_dir
+from torchmem.transport.discovery import AgentEntry, runtime_dir
 from torchmem.units import format_bytes
 
 
@@ -52,6 +54,27 @@ def command_env(hz: float, max_steps: int | None = None) -> dict[str, str]:
     return env
 
 
+#: How long an ``mp.spawn`` child may take to publish its rank before it is attached
+#: without one (labelled by its pid). Nothing is lost meanwhile: a viewer that attaches
+#: late gets the agent's last minutes of samples.
+RANK_WAIT_S = 10.0
+
+
+def rank_may_come(entry: AgentEntry, now: float | None = None) -> bool:
+    """True for a process started by multiprocessing's spawn (``mp.spawn``'s ranks) that
+    has not published a rank yet and is young enough to: it learns it only when it calls
+    ``init_process_group`` (see ``Agent._learn_rank``). Spawn gives the child its parent's
+    ``sys.argv``, so the command line the kernel holds is what tells."""
+    if entry.rank is not None:
+        return False
+    if (time.time() if now is None else now) - entry.create_time >= RANK_WAIT_S:
+        return False
+    try:
+        return "--multiprocessing-fork" in psutil.Process(entry.pid).cmdline()
+    except psutil.Error:  # gone, or not ours to read: attach it as it is
+        return False
+
+
 class _RankFollower:
     """Attaches to each agent among this process's descendants as it appears."""
 
@@ -70,7 +93,7 @@ class _RankFollower:
 
     def _look(self) -> bool:
         for entry in agents_for(os.getpid()):
-            if entry.pid in self.remotes:
+            if entry.pid in self.remotes or rank_may_come(entry):
                 continue
             if entry.world_size and not self.totals.expected:
                 self.totals.expected = {f"rank{r}" for r in range(entry.world_size)}

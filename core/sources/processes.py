@@ -125,13 +125,17 @@ def list_processes(include_plain: bool = True) -> list[ProcessInfo]:
 
 
 def agents_for(pid: int) -> list[AgentEntry]:
-    """Agents of ``pid`` itself, or (for a launcher such as torchrun) of its descendants."""
+    """Agents of ``pid`` and of the ranks it started (``mp.spawn``), or, for a launcher
+    without an agent of its own (torchrun), of all its descendants."""
     agents = list_agents()
     own = [e for e in agents if e.pid == pid]
-    if own:
-        return own
     try:
         children = {c.pid for c in psutil.Process(pid).children(recursive=True)}
     except psutil.Error:
-        return []
-    return sorted((e for e in agents if e.pid in children), key=lambda e: (e.rank or 0, e.pid))
+        return own
+    found = sorted((e for e in agents if e.pid in children), key=lambda e: (e.rank or 0, e.pid))
+    if own:
+        # A script that serves itself and starts its ranks (mp.spawn): the ranks come
+        # with it. Its other children that serve (spawned DataLoader workers) do not.
+        return own + [e for e in found if e.rank is not None]
+    return found
