@@ -50,7 +50,9 @@ def serve(
             return agent.start()
         source = InProcessSource(Session(), hz=hz)
         main = sys.modules.get("__main__")
-        script = getattr(main, "__file__", None)
+        # A child of multiprocessing's spawn imports torch while its __main__ is still
+        # spawn's own program; its argv is already its parent's: name the script by it.
+        script = getattr(main, "__file__", None) or _script_in_argv()
         source.watch_thread(threading.get_ident(), script, step_limit=max_steps)
         session = source.session
         session.submit(
@@ -61,6 +63,13 @@ def serve(
         _served = agent
         _report_exit(agent, max_steps)
         return entry
+
+
+def _script_in_argv() -> str | None:
+    """``sys.argv[0]`` when it names a Python file (a spawned child's, copied from its
+    parent), else None."""
+    first = sys.argv[0] if sys.argv else ""
+    return first if first.endswith(".py") and os.path.isfile(first) else None
 
 
 def _report_exit(agent: Agent, max_steps: int | None = None) -> None:

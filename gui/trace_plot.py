@@ -51,6 +51,9 @@ MARKER_LABEL_GAP_PX = 12
 #: One colour per rank of a job (metrics of a rank differ by line style and shade).
 RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                "#e377c2", "#17becf")  # fmt: skip
+#: Processes of a job without a rank (an mp.spawn script's own process, a spawned helper):
+#: colours no rank has, so that ``pid 4242`` never looks like ``rank 2``.
+PROCESS_COLORS = ("#bcbd22", "#7b4173", "#637939", "#843c39", "#393b79", "#8c6d31")
 TOTAL_COLOR = "#404040"
 
 
@@ -64,8 +67,9 @@ def series_color(key: str) -> QColor:
     elif scope.startswith("@"):  # a machine's total: a grey of its own, lighter than the job's
         color = QColor(TOTAL_COLOR).lighter(150 + 40 * (sum(map(ord, scope)) % 4))
     elif scope:
-        digits = "".join(c for c in scope if c.isdigit()) or "0"
-        color = QColor(RANK_COLORS[int(digits) % len(RANK_COLORS)])
+        palette = RANK_COLORS if scope.startswith("rank") else PROCESS_COLORS
+        digits = "".join(c for c in scope.partition("@")[0] if c.isdigit()) or "0"
+        color = QColor(palette[int(digits) % len(palette)])
         if metric in ("reserved", "uss", "nvml_used"):
             color = color.lighter(140)
     else:

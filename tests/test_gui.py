@@ -642,3 +642,14 @@ def test_an_oom_opens_a_report_that_names_the_tensors_in_the_failing_frames(
     assert window.act_oom.isEnabled()
     dialog.buttons["tune"].click()
     assert window.tune_dock.isVisible()
+
+
+def test_a_process_without_a_rank_never_takes_a_ranks_colour():
+    """An mp.spawn script's own process (``pid 4242``) beside its ranks: pid 4242 and
+    rank 2 once had the same orange (4242 % 8 == 2)."""
+    from torchmem.gui.trace_plot import series_color
+
+    ranks = {series_color(f"rank{r}/cpu/rss").name() for r in range(8)}
+    for scope in ("pid4242", "pid4243", "pid7@node1"):
+        assert series_color(f"{scope}/cpu/rss").name() not in ranks
+    assert series_color("pid4242/cpu/rss") != series_color("pid4243/cpu/rss")
