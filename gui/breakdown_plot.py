@@ -123,6 +123,9 @@ class BreakdownPlot(QWidget):
                 self.device_combo.setCurrentText(current)
             self.device_combo.blockSignals(False)
         device = self.device_combo.currentText()
+        # Attached to a job, the censuses of every process come in turn: a rank's chart
+        # steps from its own censuses, not down to nothing at each census of another one.
+        history = [entry for entry in history if device in entry[2]]
         if not history or not device:
             for curve in (self._base, *self._curves):
                 curve.setData([], [])

@@ -228,3 +228,29 @@ def test_leak_settings_are_applied_and_remembered(qtbot, window):
     assert window.source.leak_settings.abs_per_step == 4 << 20
     again = load_leak_settings(window.settings)
     assert again.warmup_steps == 12 and again.abs_per_step == 4 << 20
+
+
+def test_the_breakdown_of_one_rank_follows_its_own_censuses(qtbot, window):
+    """Attached to a job, the censuses of the ranks come in turn: rank 0's chart kept
+    dropping to 0 B at every census of rank 1."""
+    from torchmem.tensors.model import Census, StorageInfo, TensorInfo
+
+    def census(device, nbytes, step):
+        key = (device, 4096)
+        n = nbytes // 4
+        info = TensorInfo(
+            "w", "parameter", (n,), (1,), 0, "float32", device, n, 4, nbytes, False, True,
+            True, True, "", False, key,
+        )  # fmt: skip
+        return Census({key: StorageInfo(key, nbytes, [info])}, [], 0.01, step)
+
+    for step, (device, nbytes) in enumerate(
+        [("rank0/cpu", 1024), ("rank1/cpu", 4096), ("rank0/cpu", 2048), ("rank1/cpu", 8192)]
+    ):
+        window.session.submit(CensusTaken(float(step), step, census(device, nbytes, step)))
+    window.bridge.flush()
+    window.breakdown.refresh(force=True)
+    window.breakdown.device_combo.setCurrentText("rank0/cpu")
+    window.breakdown.refresh(force=True)
+    assert window.breakdown.stacked_totals() == [1.0, 2.0]  # KiB: rank 0's two censuses
+    assert "rank0/cpu: <b>2.00&nbsp;KiB</b>" in window.breakdown.legend.text()
