@@ -401,6 +401,13 @@ def test_a_run_that_vanished_when_ram_ran_out_is_blamed_on_the_oom_killer(tmp_pa
     assert "probably the kernel's OOM killer" in hint and "of 16.00 GiB" in hint
     assert "72.00 MiB" in hint
     assert oom_killer_hint(fine, total) == ""
+    # One rank of a job: its own readings, under its prefix.
+    job = Session()
+    for i in range(30):
+        values = {"system/available": 8 * 2**30 - i * 280 * 2**20, "cpu/rss": 1e9 + i * 3e8}
+        job.submit(Sample(i * 0.1, {f"rank1/{k}": v for k, v in values.items()}))
+    assert oom_killer_hint(job, total) == ""
+    assert "72.00 MiB" in oom_killer_hint(job, total, prefix="rank1/")
     # The recording stops there (the monitor was killed too): its report says why, likely.
     recorder.close({"complete": False})
     message = recorded_summary(load(path))["message"]

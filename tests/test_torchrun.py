@@ -91,6 +91,8 @@ def test_attach_to_the_launcher_follows_both_ranks_and_survives_a_dead_rank(runt
 
         os.kill(victim.pid, signal.SIGKILL)
         wait_until(lambda: any("rank 1: detached" in r.text for r in session.logs), 30)
+        line = next(r.text for r in session.logs if "rank 1: detached" in r.text)
+        assert "without a word (killed or crashed)" in line, line
         assert any(m.label == "rank 1 ended" for m in session.user_markers())
         assert session.run_finished is None, "one dead rank does not end the job's view"
         run.detach()

@@ -246,6 +246,12 @@ class RemoteSource:
         else:
             gone = _gone(self.entry.pid, wait_s=0.0 if self._run_finished else 1.0)
         what = f"process {self.entry.pid} exited" if gone else reason
+        if self.prefix and gone and not self._run_finished and not host:
+            # One rank of a job killed from outside, most often by the OOM killer when
+            # the machine's RAM ran out: say so, from that rank's last readings.
+            what += " without a word (killed or crashed)" + oom_killer_hint(
+                self.session, prefix=self.prefix
+            )
         self.session.submit(LogRecord(now, Stream.TORCHMEM, f"{self.label}: detached: {what}"))
         if self.prefix:
             self.session.submit(Marker(now, MarkerKind.USER, f"{self.label} ended", 0))

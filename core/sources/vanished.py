@@ -21,13 +21,14 @@ LOW_BYTES = 256 << 20
 WINDOW_S = 2.0
 
 
-def oom_killer_hint(session: Session, total_bytes: float | None = None) -> str:
+def oom_killer_hint(session: Session, total_bytes: float | None = None, prefix: str = "") -> str:
     """``"; probably the kernel's OOM killer: available RAM fell to 41 MiB …"``, or ``""``.
 
     ``total_bytes`` is the machine's RAM (psutil's, by default: the reading is only
-    meaningful for a process of this machine).
+    meaningful for a process of this machine). ``prefix`` picks one process of a job
+    (``rank1/``): its own readings of the machine and of itself.
     """
-    key = "system/available"
+    key = f"{prefix}system/available"
     keys = session.keys()
     if key not in keys:
         return ""
@@ -43,8 +44,8 @@ def oom_killer_hint(session: Session, total_bytes: float | None = None) -> str:
     if low > max(LOW_SHARE * total_bytes, LOW_BYTES):
         return ""
     rss = ""
-    if "cpu/rss" in keys:
-        _, values = session.arrays("cpu/rss")
+    if f"{prefix}cpu/rss" in keys:
+        _, values = session.arrays(f"{prefix}cpu/rss")
         if len(values):
             rss = f", the process's RSS was {format_bytes(float(values[-1]))}"
     return (
