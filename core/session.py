@@ -73,7 +73,10 @@ class Session:
         self.alerts: dict[str, Alert] = {}  # key -> latest state (active or resolved)
         self.alert_log: deque[Alert] = deque(maxlen=2000)  # every raise, update, resolve
         self.census: CensusTaken | None = None
+        #: The census before ``census`` of the same process (in a job, each rank's
+        #: censuses come in turn: what changed is what changed in that rank).
         self.previous_census: CensusTaken | None = None
+        self._latest_census_of: dict[str, CensusTaken] = {}  # process scope -> its newest
         # (t, step, {device: {kind: bytes}}) per census: the breakdown chart's data.
         self.census_history: deque[tuple[float, int, dict[str, dict[str, int]]]] = deque(
             maxlen=5000
@@ -191,7 +194,9 @@ class Session:
             self.alerts[event.key] = event
             self.alert_log.append(event)
         elif isinstance(event, CensusTaken):
-            self.previous_census, self.census = self.census, event
+            scope = census_scope(event.census)
+            self.previous_census = self._latest_census_of.get(scope)
+            self.census = self._latest_census_of[scope] = event
             census = event.census
             by_device = {d: census.bytes_by_kind(d) for d in census.devices()}
             self.census_history.append((event.t, event.step, by_device))
@@ -252,7 +257,7 @@ class Session:
             }
 
     def censuses(self) -> tuple[CensusTaken | None, CensusTaken | None]:
-        """The latest census event and the one before it."""
+        """The latest census event and the one before it of the same process."""
         with self._lock:
             return self.census, self.previous_census
 
@@ -275,6 +280,14 @@ class Session:
         """User and epoch markers, oldest first."""
         with self._lock:
             return list(self.markers)
+
+
+def census_scope(census: Any) -> str:
+    """The process of a job a census comes from (``rank1``, ``pid4242``), from its devices
+    (``rank1/cpu``); ``""`` for a single process's (or an empty) census."""
+    for storage in census.storages.values():
+        return storage.key[0].rpartition("/")[0]
+    return ""
 
 
 def _scope_order(key: str) -> tuple[bool, list[Any]]:

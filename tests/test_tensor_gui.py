@@ -230,27 +230,46 @@ def test_leak_settings_are_applied_and_remembered(qtbot, window):
     assert again.warmup_steps == 12 and again.abs_per_step == 4 << 20
 
 
+def scoped_census(device, sizes, step):
+    """A census of one process of a job: a storage of each size (bytes), its device
+    ``rank0/cpu``, at addresses that tell the storages apart."""
+    from torchmem.tensors.model import Census, StorageInfo, TensorInfo
+
+    storages = {}
+    for i, nbytes in enumerate(sizes):
+        key, n = (device, 4096 * (i + 1)), nbytes // 4
+        info = TensorInfo(
+            f"w{i}", "parameter", (n,), (1,), 0, "float32", device, n, 4, nbytes, False,
+            True, True, True, "", False, key,
+        )  # fmt: skip
+        storages[key] = StorageInfo(key, nbytes, [info])
+    return Census(storages, [], 0.01, step)
+
+
 def test_the_breakdown_of_one_rank_follows_its_own_censuses(qtbot, window):
     """Attached to a job, the censuses of the ranks come in turn: rank 0's chart kept
     dropping to 0 B at every census of rank 1."""
-    from torchmem.tensors.model import Census, StorageInfo, TensorInfo
-
-    def census(device, nbytes, step):
-        key = (device, 4096)
-        n = nbytes // 4
-        info = TensorInfo(
-            "w", "parameter", (n,), (1,), 0, "float32", device, n, 4, nbytes, False, True,
-            True, True, "", False, key,
-        )  # fmt: skip
-        return Census({key: StorageInfo(key, nbytes, [info])}, [], 0.01, step)
-
     for step, (device, nbytes) in enumerate(
         [("rank0/cpu", 1024), ("rank1/cpu", 4096), ("rank0/cpu", 2048), ("rank1/cpu", 8192)]
     ):
-        window.session.submit(CensusTaken(float(step), step, census(device, nbytes, step)))
+        census = scoped_census(device, [nbytes], step)
+        window.session.submit(CensusTaken(float(step), step, census))
     window.bridge.flush()
     window.breakdown.refresh(force=True)
     window.breakdown.device_combo.setCurrentText("rank0/cpu")
     window.breakdown.refresh(force=True)
     assert window.breakdown.stacked_totals() == [1.0, 2.0]  # KiB: rank 0's two censuses
     assert "rank0/cpu: <b>2.00&nbsp;KiB</b>" in window.breakdown.legend.text()
+
+
+def test_what_changed_in_a_job_is_what_changed_in_that_rank(qtbot, window):
+    """A rank's census is compared with that rank's previous one, not with the other
+    rank's that came in between (every storage read as new, every other one as freed)."""
+    window.session.submit(CensusTaken(1.0, 1, scoped_census("rank0/cpu", [1024, 2048], 1)))
+    window.session.submit(CensusTaken(2.0, 1, scoped_census("rank1/cpu", [4096], 1)))
+    window.session.submit(CensusTaken(3.0, 2, scoped_census("rank0/cpu", [1024, 2048, 512], 2)))
+    window.bridge.flush()
+    window.tensors.refresh()
+    assert "+1 / −0 storages" in window.tensors.headline.text()
+    new = [r for r in range(window.tensors.model.rowCount()) if window.tensors.model.is_new(r)]
+    assert [window.tensors.model.storage(r).nbytes for r in new] == [512]
