@@ -76,7 +76,8 @@ class Session:
         #: The census before ``census`` of the same process (in a job, each rank's
         #: censuses come in turn: what changed is what changed in that rank).
         self.previous_census: CensusTaken | None = None
-        self._latest_census_of: dict[str, CensusTaken] = {}  # process scope -> its newest
+        # Per process scope ("" alone, "rank1" in a job): its newest census, and the one before.
+        self._censuses_of: dict[str, tuple[CensusTaken, CensusTaken | None]] = {}
         # (t, step, {device: {kind: bytes}}) per census: the breakdown chart's data.
         self.census_history: deque[tuple[float, int, dict[str, dict[str, int]]]] = deque(
             maxlen=5000
@@ -195,8 +196,10 @@ class Session:
             self.alert_log.append(event)
         elif isinstance(event, CensusTaken):
             scope = census_scope(event.census)
-            self.previous_census = self._latest_census_of.get(scope)
-            self.census = self._latest_census_of[scope] = event
+            before = self._censuses_of.get(scope)
+            self.previous_census = before[0] if before else None
+            self.census = event
+            self._censuses_of[scope] = (event, self.previous_census)
             census = event.census
             by_device = {d: census.bytes_by_kind(d) for d in census.devices()}
             self.census_history.append((event.t, event.step, by_device))
@@ -256,10 +259,13 @@ class Session:
                 if m == metric and buf.count
             }
 
-    def censuses(self) -> tuple[CensusTaken | None, CensusTaken | None]:
-        """The latest census event and the one before it of the same process."""
+    def censuses(self, scope: str | None = None) -> tuple[CensusTaken | None, CensusTaken | None]:
+        """The latest census event and the one before it of the same process; with
+        ``scope`` (``rank1`` in a job), that process's."""
         with self._lock:
-            return self.census, self.previous_census
+            if scope is None:
+                return self.census, self.previous_census
+            return self._censuses_of.get(scope, (None, None))
 
     def breakdown(self) -> list[tuple[float, int, dict[str, dict[str, int]]]]:
         """Bytes by kind per device for every census so far, oldest first."""

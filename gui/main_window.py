@@ -291,12 +291,11 @@ class MainWindow(QMainWindow):
         self.rank_combo = QComboBox()
         self.rank_combo.setToolTip(
             "A torchrun job: every rank overlaid, one rank, or the job's total "
-            "(the sum of each rank's latest reading)"
+            "(the sum of each rank's latest reading). With one rank chosen, the Tensors "
+            "panel shows that rank's censuses"
         )
         self.rank_combo.addItem("Every rank", None)
-        self.rank_combo.currentIndexChanged.connect(
-            lambda i: self.plot.set_scope(self.rank_combo.itemData(i))
-        )
+        self.rank_combo.currentIndexChanged.connect(self._on_rank_chosen)
         self._rank_combo_action = tb.addWidget(self.rank_combo)
         self._rank_combo_action.setVisible(False)
 
@@ -826,6 +825,12 @@ class MainWindow(QMainWindow):
         self.update_actions()
         self.attaching.on_run_ended()
 
+    @Slot(int)
+    def _on_rank_chosen(self, index: int) -> None:
+        scope = self.rank_combo.itemData(index)
+        self.plot.set_scope(scope)
+        self.tensors.set_scope(scope)
+
     # -- session events -------------------------------------------------------------------
     def _update_rank_combo(self) -> None:
         scopes = self.plot.scopes()
@@ -842,6 +847,8 @@ class MainWindow(QMainWindow):
         self.rank_combo.setCurrentIndex(max(index, 0))
         self.rank_combo.blockSignals(False)
         self._rank_combo_action.setVisible(bool(scopes))
+        if self.rank_combo.currentData() != current:  # the chosen rank is gone (a new run)
+            self._on_rank_chosen(self.rank_combo.currentIndex())
 
     @Slot()
     def _on_changed(self) -> None:

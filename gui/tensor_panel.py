@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from torchmem.events import CensusTaken
+from torchmem.series import scope_label
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, Census, CensusDiff, StorageInfo, TensorInfo
 from torchmem.tensors.referrers import referrers_of
@@ -51,6 +52,9 @@ class TensorPanel(QWidget):
         self.session = session
         self.model = TensorModel(self)
         self._shown: CensusTaken | None = None
+        #: The process of a job whose censuses are shown (``rank1``); None: the newest
+        #: census of any (a single process has only its own).
+        self.scope: str | None = None
 
         self.refresh_button = QPushButton("Refresh")
         self.refresh_button.setToolTip("Take a census of every live tensor now (Ctrl+Shift+C)")
@@ -130,9 +134,22 @@ class TensorPanel(QWidget):
         """Show each new census as it arrives."""
         bridge.when((CensusTaken,), self.refresh)
 
+    def set_scope(self, scope: str | None) -> None:
+        """Show the censuses of one process of a job (the toolbar's rank filter)."""
+        if scope in ("total",) or (scope or "").startswith("@"):  # sums: no census of theirs
+            scope = None
+        if scope == self.scope:
+            return
+        self.scope = scope
+        if scope is not None and self.session.censuses(scope)[0] is None:
+            self.clear()
+            self.headline.setText(f"No census of {scope_label(scope)} yet.")
+            return
+        self.refresh()
+
     def refresh(self) -> None:
-        """Show the Session's latest census if it is not shown yet."""
-        latest, previous = self.session.censuses()
+        """Show the Session's latest census (of the chosen process) if it is not shown yet."""
+        latest, previous = self.session.censuses(self.scope)
         if latest is None or latest is self._shown:
             return
         self._shown = latest

@@ -273,3 +273,29 @@ def test_what_changed_in_a_job_is_what_changed_in_that_rank(qtbot, window):
     assert "+1 / −0 storages" in window.tensors.headline.text()
     new = [r for r in range(window.tensors.model.rowCount()) if window.tensors.model.is_new(r)]
     assert [window.tensors.model.storage(r).nbytes for r in new] == [512]
+
+
+def test_the_tensors_panel_follows_the_rank_chosen_in_the_toolbar(qtbot, window):
+    """A job's ranks take censuses in turn: with a rank chosen, the panel keeps to it."""
+    from torchmem.events import Sample
+
+    for t, scope in enumerate(("rank0", "rank1", "rank2")):
+        window.session.submit(Sample(float(t), {f"{scope}/cpu/rss": 1e8}))
+    window.session.submit(CensusTaken(1.0, 1, scoped_census("rank0/cpu", [1024], 1)))
+    window.session.submit(CensusTaken(2.0, 1, scoped_census("rank1/cpu", [4096, 512], 1)))
+    window.bridge.flush()
+    assert "rank1/cpu" in window.tensors.headline.text()  # every rank: the newest
+    combo = window.rank_combo
+    qtbot.waitUntil(lambda: combo.findData("rank0") >= 0, timeout=5_000)
+    combo.setCurrentIndex(combo.findData("rank0"))
+    assert window.tensors.scope == "rank0"
+    assert "rank0/cpu" in window.tensors.headline.text()
+    assert window.tensors.model.matching() == 1
+    window.session.submit(CensusTaken(3.0, 2, scoped_census("rank1/cpu", [4096], 2)))
+    window.bridge.flush()
+    assert "rank0/cpu" in window.tensors.headline.text(), "rank 1's census does not replace it"
+    combo.setCurrentIndex(combo.findData("rank2"))
+    assert window.tensors.headline.text() == "No census of rank 2 yet."
+    assert window.tensors.model.matching() == 0
+    combo.setCurrentIndex(0)  # every rank
+    assert window.tensors.scope is None and "rank1/cpu" in window.tensors.headline.text()
