@@ -41,6 +41,8 @@ class BreakdownPlot(QWidget):
     def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.session = session
+        #: The process of a job chosen in the toolbar (``rank1``): its devices come first.
+        self.scope: str | None = None
         self.device_combo = QComboBox()
         self.device_combo.setToolTip("Device whose tensors are shown")
         self.device_combo.currentTextChanged.connect(lambda _: self.refresh(force=True))
@@ -92,6 +94,23 @@ class BreakdownPlot(QWidget):
         self.plot.setBackground(self.palette().color(QPalette.Base))
 
     @Slot()
+    def set_scope(self, scope: str | None) -> None:
+        """Follow the toolbar's rank filter: show a device of that rank (``rank1/cpu``)."""
+        self.scope = scope
+        self.refresh(force=True)
+        self._pick_scope_device()
+
+    def _pick_scope_device(self) -> None:
+        if not self.scope:
+            return
+        current = self.device_combo.currentText()
+        if current.startswith(f"{self.scope}/"):
+            return
+        for i in range(self.device_combo.count()):
+            if self.device_combo.itemText(i).startswith(f"{self.scope}/"):
+                self.device_combo.setCurrentIndex(i)  # redraws through currentTextChanged
+                return
+
     def bind(self, bridge: SessionBridge) -> None:
         """Redraw for each census, and every few steps while shown (the step axis grows)."""
         bridge.when((CensusTaken,), self.refresh)
@@ -122,6 +141,10 @@ class BreakdownPlot(QWidget):
             if current in devices:
                 self.device_combo.setCurrentText(current)
             self.device_combo.blockSignals(False)
+            before = self.device_combo.currentText()
+            self._pick_scope_device()  # the chosen rank's first census may just have come
+            if self.device_combo.currentText() != before:
+                return  # redrawn by the change of device
         device = self.device_combo.currentText()
         # Attached to a job, the censuses of every process come in turn: a rank's chart
         # steps from its own censuses, not down to nothing at each census of another one.

@@ -830,6 +830,7 @@ class MainWindow(QMainWindow):
         scope = self.rank_combo.itemData(index)
         self.plot.set_scope(scope)
         self.tensors.set_scope(scope)
+        self.breakdown.set_scope(scope)
 
     # -- session events -------------------------------------------------------------------
     def _update_rank_combo(self) -> None:

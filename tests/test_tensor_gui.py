@@ -287,8 +287,11 @@ def test_the_tensors_panel_follows_the_rank_chosen_in_the_toolbar(qtbot, window)
     assert "rank1/cpu" in window.tensors.headline.text()  # every rank: the newest
     combo = window.rank_combo
     qtbot.waitUntil(lambda: combo.findData("rank0") >= 0, timeout=5_000)
+    combo.setCurrentIndex(combo.findData("rank1"))
+    assert window.breakdown.device_combo.currentText() == "rank1/cpu"
     combo.setCurrentIndex(combo.findData("rank0"))
     assert window.tensors.scope == "rank0"
+    assert window.breakdown.device_combo.currentText() == "rank0/cpu"
     assert "rank0/cpu" in window.tensors.headline.text()
     assert window.tensors.model.matching() == 1
     window.session.submit(CensusTaken(3.0, 2, scoped_census("rank1/cpu", [4096], 2)))
