@@ -831,6 +831,7 @@ class MainWindow(QMainWindow):
         self.plot.set_scope(scope)
         self.tensors.set_scope(scope)
         self.breakdown.set_scope(scope)
+        self.readings.set_scope(scope)
 
     # -- session events -------------------------------------------------------------------
     def _update_rank_combo(self) -> None:

@@ -275,7 +275,7 @@ def test_what_changed_in_a_job_is_what_changed_in_that_rank(qtbot, window):
     assert [window.tensors.model.storage(r).nbytes for r in new] == [512]
 
 
-def test_the_tensors_panel_follows_the_rank_chosen_in_the_toolbar(qtbot, window):
+def test_the_tensors_breakdown_and_readings_follow_the_rank_chosen_in_the_toolbar(qtbot, window):
     """A job's ranks take censuses in turn: with a rank chosen, the panel keeps to it."""
     from torchmem.events import Sample
 
@@ -289,6 +289,9 @@ def test_the_tensors_panel_follows_the_rank_chosen_in_the_toolbar(qtbot, window)
     qtbot.waitUntil(lambda: combo.findData("rank0") >= 0, timeout=5_000)
     combo.setCurrentIndex(combo.findData("rank1"))
     assert window.breakdown.device_combo.currentText() == "rank1/cpu"
+    readings = window.readings
+    shown = [k for k, r in readings._rows.items() if not readings.isRowHidden(r)]
+    assert shown == ["rank1/cpu/rss"], "the readings follow the chosen rank too"
     combo.setCurrentIndex(combo.findData("rank0"))
     assert window.tensors.scope == "rank0"
     assert window.breakdown.device_combo.currentText() == "rank0/cpu"
