@@ -531,7 +531,7 @@ class Agent:
         events.extend(s.user_markers())
         events.extend(list(s.logs)[-1000:])
         events.extend(a for a in s.alert_log if a.state is AlertState.ACTIVE)
-        previous, latest = s.previous_census, s.census
+        latest, previous = s.censuses()
         events.extend(c for c in (previous, latest) if c is not None)
         if s.run_finished is not None:
             events.append(s.run_finished)

@@ -129,6 +129,18 @@ def split_scope(key: str) -> tuple[str, str]:
     return "", key
 
 
+def in_scope(key: str, scope: str | None) -> bool:
+    """True when series ``key`` is one of ``scope``'s (``rank1``, ``total``); any series
+    for ``None`` (every rank shown)."""
+    return scope is None or split_scope(key)[0] == scope
+
+
+def is_sum_scope(scope: str) -> bool:
+    """True for the scopes torchmem adds up, which no process has: the job's ``total`` and
+    a machine's (``@node1``)."""
+    return scope == "total" or scope.startswith("@")
+
+
 def scope_label(scope: str) -> str:
     """``rank 1``, ``pid 4242``, ``total`` (of every rank), ``node node1`` (the total of a
     machine) for a series scope."""

@@ -72,11 +72,9 @@ class Session:
         self.revision = 0
         self.alerts: dict[str, Alert] = {}  # key -> latest state (active or resolved)
         self.alert_log: deque[Alert] = deque(maxlen=2000)  # every raise, update, resolve
-        self.census: CensusTaken | None = None
-        #: The census before ``census`` of the same process (in a job, each rank's
-        #: censuses come in turn: what changed is what changed in that rank).
-        self.previous_census: CensusTaken | None = None
-        # Per process scope ("" alone, "rank1" in a job): its newest census, and the one before.
+        self.census: CensusTaken | None = None  # the newest, of any process
+        # Per process scope ("" alone, "rank1" in a job): its newest census and the one
+        # before (in a job the ranks' censuses come in turn: what changed is per rank).
         self._censuses_of: dict[str, tuple[CensusTaken, CensusTaken | None]] = {}
         # (t, step, {device: {kind: bytes}}) per census: the breakdown chart's data.
         self.census_history: deque[tuple[float, int, dict[str, dict[str, int]]]] = deque(
@@ -197,9 +195,8 @@ class Session:
         elif isinstance(event, CensusTaken):
             scope = census_scope(event.census)
             before = self._censuses_of.get(scope)
-            self.previous_census = before[0] if before else None
             self.census = event
-            self._censuses_of[scope] = (event, self.previous_census)
+            self._censuses_of[scope] = (event, before[0] if before else None)
             census = event.census
             by_device = {d: census.bytes_by_kind(d) for d in census.devices()}
             self.census_history.append((event.t, event.step, by_device))
@@ -264,7 +261,9 @@ class Session:
         ``scope`` (``rank1`` in a job), that process's."""
         with self._lock:
             if scope is None:
-                return self.census, self.previous_census
+                if self.census is None:
+                    return None, None
+                scope = census_scope(self.census.census)
             return self._censuses_of.get(scope, (None, None))
 
     def breakdown(self) -> list[tuple[float, int, dict[str, dict[str, int]]]]:

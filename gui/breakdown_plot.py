@@ -93,7 +93,6 @@ class BreakdownPlot(QWidget):
         """Follow the application palette (light or dark)."""
         self.plot.setBackground(self.palette().color(QPalette.Base))
 
-    @Slot()
     def set_scope(self, scope: str | None) -> None:
         """Follow the toolbar's rank filter: show a device of that rank (``rank1/cpu``)."""
         self.scope = scope
@@ -111,6 +110,7 @@ class BreakdownPlot(QWidget):
                 self.device_combo.setCurrentIndex(i)  # redraws through currentTextChanged
                 return
 
+    @Slot()
     def bind(self, bridge: SessionBridge) -> None:
         """Redraw for each census, and every few steps while shown (the step axis grows)."""
         bridge.when((CensusTaken,), self.refresh)

@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
-from torchmem.series import COUNT_METRICS, METRICS, series_label, split_key, split_scope
+from torchmem.series import COUNT_METRICS, METRICS, in_scope, series_label, split_key
 from torchmem.session import Session
 from torchmem.units import format_bytes, format_duration
 
@@ -56,10 +56,7 @@ class ReadingsTable(QTableWidget):
         """Show only the rows of one rank (or the total), as the traces do."""
         self.scope = scope
         for key, row in self._rows.items():
-            self.setRowHidden(row, not self._in_scope(key))
-
-    def _in_scope(self, key: str) -> bool:
-        return self.scope is None or split_scope(key)[0] == self.scope
+            self.setRowHidden(row, not in_scope(key, scope))
 
     def bind(self, bridge: SessionBridge) -> None:
         """Refresh the figures at the bridge's redraw rate."""
@@ -91,7 +88,7 @@ class ReadingsTable(QTableWidget):
                     cell = QTableWidgetItem()
                     cell.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                     self.setItem(row, col, cell)
-                self.setRowHidden(row, not self._in_scope(key))
+                self.setRowHidden(row, not in_scope(key, self.scope))
             now_item = self.item(row, 1)
             fmt = _count if split_key(key)[1] in COUNT_METRICS else format_bytes
             age = reference - when

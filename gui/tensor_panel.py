@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from torchmem.events import CensusTaken
-from torchmem.series import scope_label
+from torchmem.series import is_sum_scope, scope_label
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, Census, CensusDiff, StorageInfo, TensorInfo
 from torchmem.tensors.referrers import referrers_of
@@ -136,7 +136,7 @@ class TensorPanel(QWidget):
 
     def set_scope(self, scope: str | None) -> None:
         """Show the censuses of one process of a job (the toolbar's rank filter)."""
-        if scope in ("total",) or (scope or "").startswith("@"):  # sums: no census of theirs
+        if scope is not None and is_sum_scope(scope):  # no process: no census of its own
             scope = None
         if scope == self.scope:
             return

@@ -14,7 +14,14 @@ from PySide6.QtGui import QColor, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import QGraphicsItem, QWidget
 
 from torchmem.events import Marker, MarkerKind, Severity
-from torchmem.series import COUNT_METRICS, METRICS, series_label, split_key, split_scope
+from torchmem.series import (
+    COUNT_METRICS,
+    METRICS,
+    in_scope,
+    series_label,
+    split_key,
+    split_scope,
+)
 from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
 
@@ -275,8 +282,8 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.scope = scope
         for key, curve in self._curves.items():
             _, metric = split_key(key)
-            in_scope = scope is None or split_scope(key)[0] == scope
-            curve.setVisible(in_scope and metric not in HIDDEN_BY_DEFAULT)
+            shown = in_scope(key, scope)
+            curve.setVisible(shown and metric not in HIDDEN_BY_DEFAULT)
         self.refresh(force=True)
 
     def curve_keys(self) -> list[str]:

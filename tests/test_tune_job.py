@@ -116,19 +116,23 @@ def test_a_rank_out_of_memory_is_an_oom_trial_and_the_fullest_rank_counts():
     assert trial.oom and trial.message == "rank 1: CUDA out of memory"
 
 
+def failed_job_trial(stderr, seconds):
+    """The trial of a 2-rank job that exited with code 1 after ``seconds``, no rank
+    reporting a failure, its launcher having printed ``stderr``."""
+    plan = TrialPlan("torchrun", ("train.py",), "--batch-size", budget_bytes=1 << 30, job=True)
+    return measured_trial(plan, 4, 1, 1 << 28, None, {"ranks": [{}, {}]}, stderr, seconds)
+
+
 def test_a_job_that_fails_in_its_launcher_says_the_launchers_error():
     """No rank reports a failure, torchrun exits 1: the message carries its error line,
     not only "exited with code 1"."""
-    from torchmem.tuning.trial import TrialPlan, measured_trial
-
-    plan = TrialPlan("torchrun", ("train.py",), "--batch-size", budget_bytes=1 << 30, job=True)
     stderr = (
         "Traceback (most recent call last):\n"
         '  File "elastic/agent/server/api.py", line 900, in _invoke_run\n'
         "torch.distributed.elastic.rendezvous.api.RendezvousClosedError: the store closed\n"
         "torchmem: torchrun… exited with code 1 after 3.1 s; 2 process(es) with torch\n"
     )
-    trial = measured_trial(plan, 4, 1, 1 << 28, None, {"ranks": [{}, {}]}, stderr, 3.1)
+    trial = failed_job_trial(stderr, 3.1)
     assert not trial.ok and not trial.oom
     assert "exited with code 1" in trial.message and "RendezvousClosedError" in trial.message
 
@@ -136,9 +140,6 @@ def test_a_job_that_fails_in_its_launcher_says_the_launchers_error():
 def test_a_rank_that_dies_is_named_by_its_exception_not_by_torchruns_report():
     # A CI run's trial failed with only "(error_file: <N/A>)", the last line of torchrun's
     # failure report with "error" in it; the rank's own exception came before the report.
-    from torchmem.tuning.trial import TrialPlan, measured_trial
-
-    plan = TrialPlan("torchrun", ("train.py",), "--batch-size", budget_bytes=1 << 30, job=True)
     stderr = (
         "[rank1]: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
@@ -148,6 +149,6 @@ def test_a_rank_that_dies_is_named_by_its_exception_not_by_torchruns_report():
         "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
         "torchmem: torchrun… exited with code 1 after 3.7 s; 2 process(es) with torch\n"
     )
-    trial = measured_trial(plan, 33, 1, 1 << 28, None, {"ranks": [{}, {}]}, stderr, 3.7)
+    trial = failed_job_trial(stderr, 3.7)
     assert "Connection closed by peer" in trial.message, trial.message
     assert "error_file" not in trial.message and "exited with code 1" in trial.message

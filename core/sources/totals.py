@@ -10,11 +10,9 @@ summed (the sum of peaks taken at different moments is no peak), nor system-wide
 from __future__ import annotations
 
 from torchmem.events import Event, Sample
-from torchmem.series import COUNT_METRICS, split_key, split_scope
+from torchmem.series import COUNT_METRICS, is_sum_scope, split_key, split_scope
 from torchmem.session import Session
 
-#: Scopes of the per-machine totals start with this: ``@node1``.
-NODE_PREFIX = "@"
 #: Metrics whose sum over ranks means something.
 SUMMED = frozenset({"allocated", "reserved", "nvml_used", "rss", "uss"})
 
@@ -47,7 +45,7 @@ class RankTotals:
         changed = set()
         for key, value in event.values.items():
             scope, rest = split_scope(key)
-            if not scope or scope == "total" or scope.startswith(NODE_PREFIX):
+            if not scope or is_sum_scope(scope):
                 continue
             metric = split_key(rest)[1]
             if metric not in SUMMED or metric in COUNT_METRICS:
