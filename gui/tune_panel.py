@@ -48,11 +48,12 @@ from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.tuning.budget import budget_bytes, default_budget, headroom_bytes
 from torchmem.tuning.function import function_plan, function_spec, plan_function
 from torchmem.tuning.model import Fit
+from torchmem.tuning.noise import BatchEffect
 from torchmem.tuning.predict import Prediction, can_predict, predict
-from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
+from torchmem.tuning.search import Trial, TuneCancelled, TuneError, TuneResult
 from torchmem.tuning.trial import (
     TrialPlan,
-    run_trial,
+    plan_search,
     substitute,
     torchrun_command,
     without_option,
@@ -62,7 +63,7 @@ from torchmem.units import UNITS, auto_unit, format_bytes
 from .job_panel import JobPanel, JobWorker
 
 #: A search usually needs about this many trials (for the progress bar until it ends).
-EXPECTED_TRIALS = 6
+EXPECTED_TRIALS = 7
 OK_COLOR, FAIL_COLOR, FIT_COLOR = "#1f77b4", "#d62728", "#7f7f7f"
 BUDGET_COLOR, LIMIT_COLOR, RATE_COLOR, PICK_COLOR = "#d62728", "#ff7f0e", "#2ca02c", "#2ca02c"
 COLUMNS = ("#", "Batch", "Why", "Peak", "Predicted", "Result", "Samples/s", "Time")
@@ -104,8 +105,8 @@ class TuneWorker(JobWorker):
             )
             self.predicted.emit(prediction)
             prior = prediction.fit
-        search = BatchSearch(
-            lambda batch, role, predicted: run_trial(self.plan, batch, self.cancel_event),
+        search = plan_search(
+            self.plan,
             self.limit,
             self.minimum,
             self.maximum,
@@ -259,6 +260,7 @@ class TunePanel(JobPanel):
         # (angle, colour, pen style, width, label, where the label sits along the line)
         self.budget_line = _line(0, BUDGET_COLOR, Qt.DashLine, 1, "budget", 0.05)
         self.limit_line = _line(0, LIMIT_COLOR, Qt.DotLine, 1, "budget − headroom", 0.3)
+        self.margin_line = _line(0, LIMIT_COLOR, Qt.DashDotLine, 1, "− noise margin", 0.75)
         self.total_line = _line(0, FIT_COLOR, Qt.SolidLine, 1, "device total", 0.55)
         self.predicted_line = _line(90, FIT_COLOR, Qt.DashLine, 1, "predicted", 0.95)
         self.pick_line = _line(90, PICK_COLOR, Qt.SolidLine, 2, "recommended", 0.85)
@@ -268,8 +270,8 @@ class TunePanel(JobPanel):
         ):  # fmt: skip
             item.addItem(it)
         lines = (
-            self.budget_line, self.limit_line, self.total_line, self.predicted_line,
-            self.pick_line,
+            self.budget_line, self.limit_line, self.margin_line, self.total_line,
+            self.predicted_line, self.pick_line,
         )  # fmt: skip
         for line in lines:
             item.addItem(line, ignoreBounds=line is not self.budget_line)
@@ -296,7 +298,9 @@ class TunePanel(JobPanel):
             "the fitted memory model (its band: ± the residuals), drawn out to the budget; "
             "red crosses ran out of memory or crossed the budget. On an accelerator the "
             "dots are peak reserved (what the budget is on) and the hollow dots peak "
-            "allocated, with their own dotted model: the gap is the allocator's cache. "
+            "allocated, with their own dotted model: the gap is the allocator's cache. The "
+            "dash-dotted line sits two standard deviations of identical runs under the limit: "
+            "the recommendation's peak stays below it, so that its next run fits too. "
             "Triangles: throughput (right axis), the circled one its knee."
         )
 
@@ -497,7 +501,7 @@ class TunePanel(JobPanel):
         text = prediction.describe()
         self.say(text[0].upper() + text[1:] + ".")
         self.progress.setFormat("trial 1 of about %m")
-        expected = 3 if prediction.fit is not None else EXPECTED_TRIALS
+        expected = 4 if prediction.fit is not None else EXPECTED_TRIALS
         self.progress.setRange(0, expected)
 
     @Slot(object, object)
@@ -577,9 +581,11 @@ class TunePanel(JobPanel):
         self._draw_rates()
         memory = nvml.device_memory(plan.device) if plan and not plan.on_cpu else None
         total = memory[1] if memory else None
+        margin = self.result.noise.margin if self.result is not None else 0.0
         for line, value in (
             (self.budget_line, top),
             (self.limit_line, self.limit),
+            (self.margin_line, self.limit - margin if margin > 0 else 0),
             (self.total_line, total or 0),
         ):
             line.setVisible(bool(value))
@@ -653,16 +659,33 @@ class TunePanel(JobPanel):
                 f"<b>{len(self.trials)}</b> trial(s) so far" if self.trials else ""
             )
             return
+        count = f"{len(result.trials)} trials, {result.ooms} out of memory"
+        if result.recommended is None:
+            option = self.plan.batch_arg if self.plan and not self._function() else "batch size"
+            what = (
+                "the script does not seem to read it"
+                if result.effect is BatchEffect.NONE
+                else "any size in the range fits"
+            )
+            self.headline.setText(
+                f"<b>No recommendation</b>: memory hardly depends on {option} ({what}) · {count}"
+            )
+            return
+        noise = (
+            f" · margin {format_bytes(result.noise.margin)} for the noise of identical runs"
+            if result.noise.margin > 0
+            else ""
+        )
         self.headline.setText(
             f"Recommended <b>{result.recommended:,}</b> · largest measured to fit "
-            f"{result.max_fitting:,} · {len(result.trials)} trials, {result.ooms} out of memory"
+            f"{result.max_fitting:,} · {count}{noise}"
         )
 
     def _update_buttons(self) -> None:
         running = self.running
         self.start_button.setEnabled(not running)
         self.cancel_button.setEnabled(running)
-        done = self.result is not None and not running
+        done = self.result is not None and self.result.recommended is not None and not running
         self.copy_button.setEnabled(done)
         # A step function has no command line to fill in: copy the call instead.
         self.use_button.setEnabled(done and not self._function())

@@ -92,6 +92,9 @@ class StubCuda:
     def is_initialized(self) -> bool:
         return self.initialized
 
+    def is_available(self) -> bool:
+        return True
+
     def current_device(self) -> int:
         return 0
 

@@ -4,9 +4,11 @@ known by construction, and every way a user can get it wrong."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -179,7 +181,7 @@ def test_the_search_says_whether_its_trials_covered_an_evaluation_pass(tmp_path)
     assert any("no trial reached an evaluation pass" in n for n in data["notes"])
 
 
-def test_a_fake_step_predicts_the_model_and_two_trials_after_the_first_confirm_it(tmp_path):
+def test_a_fake_step_predicts_the_model_and_three_trials_after_the_first_confirm_it(tmp_path):
     out = tmp_path / "tune.json"
     r = tune("--budget", "1GiB", "--summary", str(out), LINEAR)
     assert r.returncode == 0, r.stderr
@@ -188,7 +190,10 @@ def test_a_fake_step_predicts_the_model_and_two_trials_after_the_first_confirm_i
     assert prediction["error"] is None and len(prediction["points"]) >= 2
     # The fake step holds exactly what the script allocates per sample: 1 MiB.
     assert prediction["fit"]["slope"] == pytest.approx(MiB, rel=0.01)
-    assert data["ooms"] == 0 and len(data["trials"]) == 3, [t["batch_size"] for t in data["trials"]]
+    # The first size, one probe to scale the model, its prediction and a repeat of it.
+    assert data["ooms"] == 0 and len(data["trials"]) == 4, [t["batch_size"] for t in data["trials"]]
+    assert [t["role"] for t in data["trials"]] == ["probe", "probe", "verify", "repeat"]
+    assert data["effect"] == "grows" and data["noise"]["runs"] == 2
     verified = data["trials"][-1]
     assert (
         verified["batch_size"] == data["recommended"]
@@ -238,3 +243,65 @@ def test_the_lstm_language_model_is_predicted_despite_its_manual_update():
     # Per sample: 35 steps of logits over 2,000 words and their gradients dominate.
     logits = 35 * 2000 * 4
     assert 2 * logits < prediction.fit.slope < 6 * logits, prediction.fit
+
+
+def plain_peak_rss(args: list[str]) -> int:
+    """The peak RSS of ``python LINEAR args`` run as a user would, without torchmem: the
+    kernel's figure for that child (what ``/usr/bin/time -f %M`` prints), in bytes."""
+    proc = subprocess.Popen([sys.executable, LINEAR, *args], stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0
+    return usage.ru_maxrss * 1024
+
+
+def test_a_noisy_script_is_tuned_to_a_size_every_plain_run_fits_and_tunings_agree(tmp_path):
+    # --noise: identical runs peak up to 48 MiB apart, as glibc's heap makes them.
+    base = plain_peak_rss(["--steps", "2", "--batch-size", "1"])
+    budget = base + 1000 * MiB
+    recommended: list[int] = []
+    trials: list[list[tuple]] = []
+    for i in range(3):
+        out = tmp_path / f"tune{i}.json"
+        r = tune("--budget", str(budget), "--summary", str(out), LINEAR, "--noise",
+                 "--steps", "6")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        data = check_summary(json.loads(out.read_text()))
+        assert data["effect"] == "grows" and data["noise"]["runs"] >= 2
+        assert "noise: identical runs differ by up to" in r.stderr
+        recommended.append(data["recommended"])
+        trials.append([(t["batch_size"], t["role"], t["peak_bytes"]) for t in data["trials"]])
+    # Five plain runs of the user's own command at the first answer stay under the budget.
+    peaks = [
+        plain_peak_rss(["--noise", "--steps", "6", "--batch-size", str(recommended[0])])
+        for _ in range(5)
+    ]
+    assert max(peaks) <= budget, ([p / MiB for p in peaks], budget / MiB)
+    # Three tunings of the same script, settings and machine agree within 10%.
+    assert max(recommended) <= 1.1 * min(recommended), (recommended, trials)
+
+
+def test_a_script_that_never_reads_its_batch_option_is_told_so(tmp_path):
+    out = tmp_path / "tune.json"
+    r = tune("--budget", "2GiB", "--summary", str(out), LINEAR, "--ignore-batch")
+    assert r.returncode == 0, r.stderr
+    data = check_summary(json.loads(out.read_text()))
+    assert data["effect"] == "none" and data["recommended"] is None
+    assert "does not seem to read --batch-size" in r.stderr
+    assert "run it:" not in r.stderr  # no command line with a size nobody can justify
+    assert len(data["trials"]) <= 7, [t["batch_size"] for t in data["trials"]]
+
+
+def test_a_device_this_machine_lacks_is_one_line_before_any_trial(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    started = time.monotonic()
+    out = tmp_path / "tune.json"
+    r = tune("--device", "cuda:0", "--summary", str(out), LINEAR)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"torchmem: no cuda device here (torch {torch.__version__}): choose cpu"
+    ]
+    assert not out.exists() and time.monotonic() - started < 30

@@ -60,13 +60,16 @@ class Model:
         (5 * GiB, 1 * GiB, 9.5 * GiB),  # huge samples: max 4
     ],
 )
-def test_linear_models_within_5_percent_in_6_trials_without_oom(fixed, per_sample, limit):
+def test_linear_models_within_5_percent_in_8_trials_without_oom(fixed, per_sample, limit):
     model = Model(fixed, per_sample, noise=0.01, capacity=limit * 1.12)
     result = BatchSearch(model, limit, 1, 4096).run()
     true_max = min(model.largest_under(limit), 4096)
     assert result.recommended <= true_max * 1.0001 or model.peak(result.recommended) <= limit * 1.01
     assert result.recommended >= 0.95 * true_max, (result.recommended, true_max, model.calls)
-    assert len(result.trials) <= 6, model.calls
+    # Probes, the prediction, one repeat of the size nearest the limit (its noise), and
+    # one of the smallest where the batch adds little to it.
+    assert len(result.trials) <= 8, model.calls
+    assert any(t.role == "repeat" for t in result.trials), [t.role for t in result.trials]
     assert result.ooms == 0
     assert all(t.fits(limit) for t in result.trials if t.batch_size == result.recommended)
 
@@ -202,7 +205,7 @@ def test_allocated_and_reserved_are_fitted_apart_and_a_growing_cache_is_said():
         (400 * MiB, 1 * MiB, 0.02 * MiB, 6 * GiB),  # attention: quadratic
     ],
 )
-def test_a_fake_step_prior_needs_three_trials_even_when_it_undercounts(
+def test_a_fake_step_prior_needs_four_trials_even_when_it_undercounts(
     fixed, per_sample, quad, limit, scale
 ):
     # The fake step sees tensors only: the real process pays `scale` times as much per
@@ -214,10 +217,10 @@ def test_a_fake_step_prior_needs_three_trials_even_when_it_undercounts(
     prior = Fit(intercept=5 * MiB, slope=per_sample, quadratic=quad)
     result = BatchSearch(model, limit, 1, 4096, prior=prior).run()
     true_max = min(model.largest_under(limit), 4096)
-    assert result.ooms == 0 and len(result.trials) <= 3, model.calls
+    assert result.ooms == 0 and len(result.trials) <= 4, model.calls
     assert 0.95 * true_max <= result.recommended, (result.recommended, true_max, model.calls)
     assert model.peak(result.recommended) <= limit * 1.01
-    assert [t.role for t in result.trials] == ["probe", "probe", "verify"]
+    assert [t.role for t in result.trials] == ["probe", "probe", "verify", "repeat"]
     assert result.trials[2].predicted_bytes == pytest.approx(result.trials[2].peak_bytes, rel=0.05)
     assert (result.fit is not None and result.fit.is_quadratic) == (quad > 0)
 
@@ -255,5 +258,140 @@ def test_a_quadratic_term_an_early_fit_had_is_not_said_once_the_final_fit_drops_
         return Trial(b, peak, ok=True, oom=False, samples_per_s=10.0 * b)
 
     result = BatchSearch(measure, 2048 * MiB, 1, 16384).run()
-    assert result.recommended == 1630 and any(quadratic) and not result.fit.is_quadratic
+    # 2030 MiB at 1630, flat beyond (np.interp): about 1630 or more fits.
+    assert result.recommended >= 1600 and any(quadratic) and not result.fit.is_quadratic
     assert not any("quadratic" in note for note in result.notes), result.notes
+
+
+class HeapNoise:
+    """A CPU script's peak RSS as glibc gives it: the model's bytes plus 0-3 whole 16 MiB
+    tensors kept resident or not, at random in each run (an MLP with Adam on CPU, measured:
+    665-713 MiB over five identical runs at batch 1)."""
+
+    QUANTUM, LEVELS = 16 * MiB, 4
+
+    def __init__(self, seed: int, fixed: float = 665 * MiB, per_sample: float = 300 * 1024):
+        self.rng = random.Random(seed)
+        self.fixed, self.per_sample = fixed, per_sample
+        self.calls: list[int] = []
+
+    def run(self, b: int) -> int:
+        """One plain run's peak at batch ``b``."""
+        return int(
+            self.fixed + self.per_sample * b + self.QUANTUM * self.rng.randrange(self.LEVELS)
+        )
+
+    def __call__(self, b: int, role: str, predicted: float | None) -> Trial:
+        self.calls.append(b)
+        return Trial(b, self.run(b), ok=True, oom=False)
+
+
+def test_a_noisy_rss_recommendation_fits_every_plain_run_and_tunings_agree():
+    budget = 1400 * MiB
+    limit = budget - budget // 10
+    recommended = []
+    over_limit = []
+    for seed in range(9):
+        script = HeapNoise(seed)
+        result = BatchSearch(script, limit, 1, 4096).run()
+        # Noise was measured where the answer is decided, and said.
+        assert result.noise.measured
+        assert any("identical runs differ" in line for line in result.explain())
+        # Five plain runs of the recommendation (and many more) stay under the budget.
+        runs = [script.run(result.recommended) for _ in range(200)]
+        assert max(runs[:5]) <= budget and max(runs) <= budget, (seed, result.recommended)
+        over_limit.append(sum(r > limit for r in runs) / len(runs))
+        recommended.append(result.recommended)
+    # The margin aims at 2 sd: most runs stay under the limit too (the headroom takes the
+    # rest), though a margin measured from a few runs is sometimes short.
+    assert sum(over_limit) / len(over_limit) <= 0.1, over_limit
+    # Three tunings of the same script agree within 10%, three times over.
+    for i in range(0, 9, 3):
+        trio = recommended[i : i + 3]
+        assert max(trio) <= 1.1 * min(trio), recommended
+
+
+def test_a_verified_size_within_the_noise_of_the_limit_is_not_recommended():
+    # One lucky run under the limit is not enough: the size nearest the limit is run again,
+    # and the search steps down until the runs' mean is two sd under it.
+    script = HeapNoise(3)
+    limit = 1260 * MiB
+    result = BatchSearch(script, limit, 1, 4096).run()
+    nearest = [t for t in result.trials if t.batch_size == result.recommended]
+    assert len(nearest) >= 2 or any(t.role == "confirm" for t in result.trials)
+    mean = 665 * MiB + 300 * 1024 * result.recommended + 24 * MiB
+    assert mean + 2 * 16 * MiB <= limit * 1.01
+
+
+def test_no_bisection_between_two_sizes_whose_peaks_differ_by_less_than_the_noise():
+    for seed in range(12):
+        result = BatchSearch(HeapNoise(seed), 1260 * MiB, 1, 4096).run()
+        noise = result.noise
+        peaks = {}
+        for t in result.trials:
+            peaks.setdefault(t.batch_size, []).append(t.peak_bytes)
+        for i, t in enumerate(result.trials):
+            if t.role != "bisect":
+                continue
+            earlier = result.trials[:i]
+            fitted = [e for e in earlier if e.fits(1260 * MiB)]
+            failed = [e for e in earlier if not e.fits(1260 * MiB)]
+            low = max(fitted, key=lambda e: e.batch_size)
+            high = min(failed, key=lambda e: e.batch_size)
+            assert high.peak_bytes - low.peak_bytes > noise.spread / 2, (seed, result.trials)
+
+
+def test_a_script_that_ignores_the_batch_option_gets_no_recommendation():
+    # "peak ≈ 311.9 MiB + -44 B x batch, recommended 4096": what an unused option looked like.
+    script = HeapNoise(1, fixed=300 * MiB, per_sample=0)
+    result = BatchSearch(script, 2 * GiB, 1, 4096).run()
+    assert result.effect.value == "none" and result.recommended is None
+    first = result.explain("--batch-size")[0]
+    assert "does not seem to read --batch-size" in first and "recommended" not in first
+    assert len(result.trials) <= 7, script.calls
+
+
+def test_a_batch_that_adds_less_than_the_noise_over_the_range_gets_no_precise_answer():
+    # 8 MiB over the whole range where identical runs differ by up to 48 MiB.
+    for seed in range(5):
+        script = HeapNoise(seed, fixed=300 * MiB, per_sample=2 * 1024)
+        result = BatchSearch(script, 2 * GiB, 1, 4096).run()
+        assert result.effect.value in ("none", "negligible") and result.recommended is None
+        first = result.explain("--batch-size")[0]
+        assert "recommended" not in first and "noise of identical runs" in first, first
+
+
+def test_the_smallest_size_within_the_noise_of_the_limit_is_an_error_that_names_the_noise():
+    # Batch 1 peaks at 665, 681, 697 or 713 MiB: a quarter of its runs cross 705 MiB.
+    limit = 705 * MiB
+    budget = limit / 0.9
+    reliably = 0
+    for seed in range(8):
+        script = HeapNoise(seed, 665 * MiB, 75 * 1024)
+        try:
+            result = BatchSearch(script, limit, 1, 4096).run()
+        except TuneError as error:
+            assert "batch size 1 does not fit" in str(error)
+            if "reliably" in str(error):  # its first run fitted: the noise is named
+                assert "identical runs differ by up to" in str(error)
+                reliably += 1
+            continue
+        # Where its runs happened to come out low, what it says still fits the budget.
+        assert max(script.run(result.recommended) for _ in range(200)) <= budget
+    assert reliably >= 3
+
+
+def test_the_models_prediction_is_what_the_final_fit_gives():
+    model = Model(300 * MiB, 2 * MiB, noise=0.01, capacity=6.7 * GiB)
+    result = BatchSearch(model, 6 * GiB, 1, 4096).run()
+    fit = result.fit
+    assert result.predicted == int(fit.largest_under(result.limit_bytes - result.noise.margin))
+    assert f"the model's largest under the limit: {result.predicted}" in result.explain()[0]
+
+
+def test_the_quadratic_note_names_no_architecture():
+    model = Model(400 * MiB, 1 * MiB, quad=0.02 * MiB, capacity=6.6 * GiB)
+    result = BatchSearch(model, 6 * GiB, 1, 4096, max_trials=14).run()
+    assert result.fit.is_quadratic
+    note = next(n for n in result.notes if "quadratic" in n)
+    assert "attention" not in note

@@ -263,7 +263,7 @@ def tune_parser() -> argparse.ArgumentParser:
         help="round the recommendation down to a multiple of 8 or a power of two",
     )
     p.add_argument(
-        "--max-trials", type=positive_int, default=10, help="give up after N trials (10)"
+        "--max-trials", type=positive_int, default=12, help="give up after N trials (12)"
     )
     p.add_argument(
         "--record-trials",

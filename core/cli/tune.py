@@ -25,8 +25,8 @@ from torchmem.tuning.function import function_plan, function_spec, plan_function
 from torchmem.tuning.model import Fit
 from torchmem.tuning.predict import Prediction, can_predict
 from torchmem.tuning.predict import predict as predict_memory
-from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, TuneResult
-from torchmem.tuning.trial import TrialPlan, run_trial
+from torchmem.tuning.search import Trial, TuneCancelled, TuneError, TuneResult
+from torchmem.tuning.trial import TrialPlan, plan_search
 from torchmem.units import format_bytes
 
 #: Exit codes: a recommendation (0), none possible (1), bad options or script (2),
@@ -46,7 +46,7 @@ def tune_headless(
     device: str = "cpu",
     steps: int = 3,
     rounding: str = "none",
-    max_trials: int = 10,
+    max_trials: int = 12,
     summary_path: str | None = None,
     cwd: str | None = None,
     quiet: bool = False,
@@ -106,9 +106,6 @@ def tune_headless(
             return 130
         say(f"torchmem: {prediction.describe()}")
 
-    def measure(batch: int, role: str, predicted: float | None) -> Trial:
-        return run_trial(plan, batch, cancel)
-
     def on_trial(trial: Trial, fit: Fit | None) -> None:
         say(
             f"torchmem: trial {len(search.trials)}: {trial.describe(limit)}".replace(
@@ -116,15 +113,15 @@ def tune_headless(
             )
         )
 
-    search = BatchSearch(
-        measure,
+    search = plan_search(
+        plan,
         limit,
         minimum,
         maximum,
-        rounding,
+        rounding,  # type: ignore[arg-type]
         max_trials,
         on_trial,
-        cancel,  # type: ignore[arg-type]
+        cancel,
         prior=prediction.fit if prediction is not None else None,
     )
     try:
@@ -158,7 +155,9 @@ def _report(result: TuneResult, plan: TrialPlan) -> str:
     lines = [
         f"torchmem: {line}" for line in result.explain("batch size" if function else plan.batch_arg)
     ]
-    if function:
+    if result.recommended is None:
+        pass  # the batch does not move memory: there is no size to put in a command
+    elif function:
         lines.append(f"torchmem: call it: {function.partition(':')[2]}({result.recommended})")
     else:
         lines.append(f"torchmem: run it: {shlex.join(plan.command_line(result.recommended))}")
@@ -200,6 +199,8 @@ def tune_summary(
         recommended=result.recommended if result else None,
         max_fitting=result.max_fitting if result else None,
         predicted=result.predicted if result else None,
+        effect=result.effect.value if result else None,
+        noise=result.noise.to_json() if result else None,
         knee=result.knee if result else None,
         fit=result.fit.to_json() if result and result.fit else None,
         fit_allocated=result.fit_allocated.to_json() if result and result.fit_allocated else None,

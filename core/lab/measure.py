@@ -107,15 +107,9 @@ def _missing_device(torch: Any, device: Any) -> str:
     """Why ``device`` cannot be used here, for a user ("" when it can): torch's own words
     for a CPU build asked for CUDA were "AssertionError: Torch not compiled with CUDA
     enabled"."""
-    if device.type in ("cpu", "meta"):
-        return ""
-    backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
-    if backend is None or not backend.is_available():
-        return f"no {device.type} device here (torch {torch.__version__}): choose cpu"
-    count = getattr(backend, "device_count", lambda: 1)()
-    if device.index is not None and device.index >= count:
-        return f"{device}: this machine has {count} {device.type} device{'s' * (count > 1)}"
-    return ""
+    from torchmem.probe.devices import device_problem
+
+    return device_problem(str(device))
 
 
 def _inputs(op: Operation, job: Job, dtype: Any, device: Any) -> dict[str, Any]:

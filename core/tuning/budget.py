@@ -9,6 +9,7 @@ from __future__ import annotations
 import psutil
 
 from torchmem.probe import nvml
+from torchmem.probe.devices import device_problem
 from torchmem.tuning.search import TuneError
 from torchmem.units import format_bytes, parse_bytes
 
@@ -27,7 +28,11 @@ def default_budget(device: str) -> int:
 
 
 def budget_bytes(value: int | str | None, device: str) -> int:
-    """A budget given as bytes or as text (``6GiB``), or the device's default."""
+    """A budget given as bytes or as text (``6GiB``), or the device's default;
+    TuneError first when ``device`` is not on this machine (before any trial)."""
+    problem = device_problem(device)
+    if problem:
+        raise TuneError(problem)
     if value is None or value == "":
         return default_budget(device)
     if isinstance(value, int):

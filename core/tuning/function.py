@@ -36,7 +36,7 @@ from torchmem.tuning import step_driver
 from torchmem.tuning.budget import budget_bytes, headroom_bytes
 from torchmem.tuning.calls import accelerator, measure_calls
 from torchmem.tuning.model import Fit, Rounding
-from torchmem.tuning.search import BatchSearch, Trial, TuneError, TuneResult
+from torchmem.tuning.search import BatchSearch, Trial, TuneError, TuneResult, prior_share
 from torchmem.tuning.trial import TrialPlan, measured_trial, run_trial, watch_child
 from torchmem.units import format_bytes
 
@@ -109,7 +109,7 @@ def tune(
     device: str = "cpu",
     steps: int = 3,
     rounding: Rounding = "none",
-    max_trials: int = 10,
+    max_trials: int = 12,
     isolation: Isolation = "auto",
     on_trial: Callable[[Trial, Fit | None], None] | None = None,
     cancel: threading.Event | None = None,
@@ -171,6 +171,7 @@ def tune(
         heard,
         cancel,
         prior=prior,
+        prior_share=prior_share(device),
     )
     try:
         result = search.run()

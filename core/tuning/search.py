@@ -12,12 +12,16 @@ trial, never the session.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from torchmem.tuning.model import Fit, Rounding, fit_peaks, round_batch, throughput_knee
+from torchmem.tuning.noise import MARGIN_SDS, BatchEffect, Noise, batch_effect, measure_noise
 
 #: Reserved growing this much faster than allocated (per sample) is worth a note.
 CACHE_GROWTH = 1.25
@@ -27,13 +31,37 @@ VERIFY_TOLERANCE = 0.05
 #: the limit, where the fit is made.
 PROBE_SHARE = 1 / 3
 #: With a fake step's model, the one probe aims here: far enough to measure its scale
-#: well, and under the limit even when the real process pays 1.6x what the model says.
+#: well, and under the limit even when the real process pays 1.6x what the model says
+#: (an accelerator's allocator: 1.0 to 1.5 in practice).
 PRIOR_SHARE = 0.6
+#: The same on CPU, where peak RSS grows 2 to 6 times as fast as the fake step's tensor
+#: bytes (an MLP with Adam: 78 KiB a sample against 13 KiB; glibc keeps freed chunks
+#: and oneDNN its scratch buffers): a probe at 0.6 crossed the budget.
+PRIOR_SHARE_CPU = 0.2
 
-#: A note while the fit of the peaks has a quadratic term.
+
+def prior_share(device: str) -> float:
+    """Where the one probe after a fake step aims, as a share of the room, on ``device``."""
+    return PRIOR_SHARE_CPU if device == "cpu" else PRIOR_SHARE
+
+
+#: Two runs of one size whose difference, doubled, is under this share of the room above
+#: the smallest size's peak agree well enough: the noise moves the answer by under 5%,
+#: and a third run would not change it.
+AGREE = 0.05
+#: Where identical runs differ, the size nearest the limit is repeated until the answer's
+#: standard error is under this share of it (three tunings then agree within 10%), while
+#: trials are left.
+PRECISION = 0.03
+#: When the batch adds less than this share of the first size's peak over the probes,
+#: the first size's own noise matters: it is run again.
+SMALL_GROWTH = 0.1
+
+#: A note while the fit of the peaks has a quadratic term. It names no cause: the fit
+#: cannot tell attention from a contrastive loss's batch-by-batch matrix.
 QUADRATIC_NOTE = (
     "memory grows faster than linearly with the batch size (a quadratic term fits clearly "
-    "better, as with attention over long sequences)"
+    "better than a line)"
 )
 
 
@@ -60,7 +88,9 @@ class Trial:
     steps: int = 0
     duration_s: float = 0.0
     message: str = ""
-    #: Why this size was tried: ``probe``, ``verify``, ``refit`` or ``bisect``.
+    #: Why this size was tried: ``probe``, ``verify``, ``refit``, ``bisect``, ``repeat``
+    #: (the same size again, to measure the noise) or ``confirm`` (a step down from a
+    #: size too close to the limit for that noise).
     role: str = "probe"
     #: What the model predicted for this size before it ran (None before any fit).
     predicted_bytes: float | None = None
@@ -119,10 +149,13 @@ class Trial:
 class TuneResult:
     """What the search found, and how."""
 
-    recommended: int
-    #: The largest size measured under the limit (the recommendation is verified too).
+    #: The size to use: confirmed by repeated runs to stay under the limit with a margin
+    #: for their noise. None when the batch size does not change memory (``effect``).
+    recommended: int | None
+    #: The largest size measured to fit (every run of it under the limit).
     max_fitting: int
-    #: The model's first prediction for the limit, before any verification.
+    #: The final model's largest size under the limit less the noise margin, within the
+    #: range: what the fit printed beside it gives (None without a fit).
     predicted: int | None
     limit_bytes: int
     fit: Fit | None
@@ -132,6 +165,16 @@ class TuneResult:
     #: On an accelerator, the same model fitted to peak *allocated* bytes (the fit above
     #: is on reserved, what the device must hold): the gap is the allocator's cache.
     fit_allocated: Fit | None = None
+    #: The scatter of identical runs, from the sizes that ran more than once.
+    noise: Noise = field(default_factory=Noise)
+    #: Whether memory grows with the batch by more than that noise over the range.
+    effect: BatchEffect = BatchEffect.GROWS
+    #: The range searched.
+    minimum: int = 1
+    maximum: int = 4096
+    #: How much the peak grew from the range's smallest size to its largest (mean runs;
+    #: None when the largest was not run).
+    growth: float | None = None
 
     @property
     def ooms(self) -> int:
@@ -141,13 +184,44 @@ class TuneResult:
     def explain(self, option: str = "batch size") -> list[str]:
         """The recommendation and its reasons, one sentence a line (no final stops): what
         the terminal, the Tune panel and a notebook all show."""
-        lines = [
-            f"recommended {option} {self.recommended} ({len(self.trials)} trials, "
-            f"{self.ooms} out of memory); largest measured to fit: {self.max_fitting}"
-            + (f", model's prediction: {self.predicted}" if self.predicted else "")
-        ]
-        if self.fit is not None:
+        count = f"{len(self.trials)} trials, {self.ooms} out of memory"
+        if self.effect is BatchEffect.NONE:
+            lines = [
+                f"no recommendation: the script does not seem to read {option} (or its "
+                f"samples are too small to show): its peak changed by {_bytes(self.growth)} "
+                f"from {self.minimum} to {self.maximum}, within the noise of identical runs "
+                f"({count})"
+            ]
+        elif self.effect is BatchEffect.NEGLIGIBLE:
+            per = self.fit.slope if self.fit is not None else 0.0
+            lines = [
+                f"any {option} in {self.minimum}..{self.maximum} fits: memory hardly "
+                f"depends on it (about {_bytes(per)} a sample, {_bytes(self.growth)} over "
+                f"the whole range, within the noise of identical runs), so choose by speed "
+                f"({count})"
+            ]
+        else:
+            lines = [
+                f"recommended {option} {self.recommended} ({count}); largest measured to "
+                f"fit: {self.max_fitting}"
+                + (
+                    f", the model's largest under the limit: {self.predicted}"
+                    if self.predicted
+                    else ""
+                )
+            ]
+        if self.fit is not None and self.effect is BatchEffect.GROWS:
             lines.append(f"memory model: {self.fit.describe()}")
+        if self.noise.measured:
+            lines.append(
+                f"noise: {self.noise.describe()}"
+                + (
+                    f"; the recommendation's peak stays {_bytes(self.noise.margin)} "
+                    f"({MARGIN_SDS:g} sd) under the limit"
+                    if self.effect is BatchEffect.GROWS and self.noise.margin > 0
+                    else ""
+                )
+            )
         if self.fit_allocated is not None:
             lines.append(
                 f"allocated alone: {self.fit_allocated.describe()} (the budget is on "
@@ -182,10 +256,11 @@ class BatchSearch:
         minimum: int = 1,
         maximum: int = 4096,
         rounding: Rounding = "none",
-        max_trials: int = 10,
+        max_trials: int = 12,
         on_trial: Callable[[Trial, Fit | None], None] | None = None,
         cancel: threading.Event | None = None,
         prior: Fit | None = None,
+        prior_share: float = PRIOR_SHARE,
     ) -> None:
         if minimum < 1 or maximum < minimum:
             raise TuneError(f"the range must be 1 <= min <= max, not {minimum}..{maximum}")
@@ -205,23 +280,87 @@ class BatchSearch:
         #: any trial: the search anchors it on the first trial and goes straight to its
         #: prediction, instead of probing for a slope.
         self.prior = prior
+        #: Where the probe after the prior aims (:func:`prior_share`).
+        self.prior_share = prior_share
 
     # -- the state of the search -------------------------------------------------------------
-    @property
-    def good(self) -> int | None:
-        """The largest size that fitted so far."""
-        sizes = [t.batch_size for t in self.trials if t.fits(self.limit)]
-        return max(sizes) if sizes else None
+    def _peaks(self, batch: int) -> list[float]:
+        """The peaks of ``batch``'s runs that ended well."""
+        return [
+            float(t.peak_bytes)
+            for t in self.trials
+            if t.batch_size == batch and t.ok and t.peak_bytes is not None
+        ]
 
     @property
     def failed(self) -> int | None:
-        """The smallest size that did not fit (or crossed the limit) so far."""
+        """The smallest size that did not fit (or crossed the limit) in some run so far."""
         sizes = [
             t.batch_size
             for t in self.trials
             if (t.oom or (t.ok and t.peak_bytes is not None and t.peak_bytes > self.limit))
         ]
         return min(sizes) if sizes else None
+
+    @property
+    def good(self) -> int | None:
+        """The largest size below every failure whose runs all fitted so far."""
+        failed = self.failed
+        sizes = {
+            t.batch_size
+            for t in self.trials
+            if t.fits(self.limit) and (failed is None or t.batch_size < failed)
+        }
+        return max(sizes) if sizes else None
+
+    def _fit_sd(self) -> float:
+        """The standard deviation of the runs about the fit (0 below two degrees of
+        freedom)."""
+        fit = self.fit
+        if fit is None:
+            return 0.0
+        terms = 3 if fit.is_quadratic else 2
+        if fit.points - terms < 2:
+            return 0.0
+        return fit.rms_residual * math.sqrt(fit.points / (fit.points - terms))
+
+    @property
+    def noise(self) -> Noise:
+        """The scatter of identical runs measured so far (with the fit's residuals once
+        they disagree at all)."""
+        return measure_noise(
+            (
+                (t.batch_size, t.peak_bytes)
+                for t in self.trials
+                if t.ok and not t.oom and t.peak_bytes is not None
+            ),
+            fit_sd=self._fit_sd(),
+            visible=0.001 * self.limit,
+        )
+
+    def _level(self, batch: int) -> float:
+        """The mean peak to judge ``batch`` by: its runs' mean; while runs are noisy and
+        the fit stands on more runs than ``batch`` has, the fit there (one run of a size
+        sits up to two sd off its mean, either way; the fit averages every run)."""
+        peaks = self._peaks(batch)
+        mean = sum(peaks) / len(peaks)
+        fit = self.fit
+        if self.noise.sigma > 0 and fit is not None and self._fit_sd() > 0:
+            return fit.peak(batch)
+        return mean
+
+    def _accepted(self, batch: int) -> bool:
+        """True when every run of ``batch`` fitted and their mean stays the noise margin
+        under the limit: the next run of it will fit too."""
+        failed = self.failed
+        peaks = self._peaks(batch)
+        runs = [t for t in self.trials if t.batch_size == batch]
+        return (
+            bool(peaks)
+            and all(t.fits(self.limit) for t in runs)
+            and (failed is None or batch < failed)
+            and self._level(batch) + self.noise.margin <= self.limit
+        )
 
     def _refit(self) -> Fit | None:
         points = [(t.batch_size, t.peak_bytes) for t in self.trials if t.ok and t.peak_bytes]
@@ -310,8 +449,9 @@ class BatchSearch:
 
     # -- the search ---------------------------------------------------------------------------
     def run(self) -> TuneResult:
-        """Search, and return the verified recommendation; TuneError when nothing fits."""
-        predicted: int | None = None
+        """Search, and return the confirmed recommendation; TuneError when nothing fits
+        reliably."""
+        recommended: int | None = None
         try:
             first = self._run(self.minimum, "probe")
             if not first.ok and not first.oom:
@@ -326,17 +466,27 @@ class BatchSearch:
                 self._grow()
             else:
                 self._scale()
-            predicted = self._predict()
-            self._verify(predicted)
+            self._repeat_first()
+            self._verify(self._predict())
+            recommended = self._confirm()
         except _OutOfTrials:
             self._note(f"stopped after {self.max_trials} trials (--max-trials)")
-        good = self.good
-        assert good is not None  # the first trial fitted
-        recommended = round_batch(good, self.rounding, self.minimum)
-        if recommended not in {t.batch_size for t in self.trials if t.fits(self.limit)}:
-            # Rounding down from a verified size keeps it under the limit (memory grows
-            # with the batch), but say that this exact size was not run.
-            self._note(f"{recommended} is {good} rounded down ({self.rounding})")
+            recommended = self._best_accepted()
+            if recommended is not None and self.noise.dof == 0:
+                self._note(f"{recommended} ran once: raise --max-trials to confirm it by a repeat")
+        if recommended is None:
+            raise TuneError(self._unreliable())
+        good = self.good or recommended
+        effect, growth = self._effect()
+        if effect is BatchEffect.GROWS:
+            rounded = round_batch(recommended, self.rounding, self.minimum)
+            if rounded != recommended:
+                # Rounding down from a confirmed size keeps it under the limit (memory
+                # grows with the batch), but say that this exact size was not run.
+                self._note(f"{rounded} is {recommended} rounded down ({self.rounding})")
+            recommended = rounded
+        else:
+            recommended = None
         rates = {
             t.batch_size: t.samples_per_s
             for t in self.trials
@@ -344,17 +494,189 @@ class BatchSearch:
         }
         fit_allocated = self._fit_allocated()
         self._note_coverage()
+        self._note_noise(effect)
         return TuneResult(
             fit_allocated=fit_allocated,
             recommended=recommended,
             max_fitting=good,
-            predicted=predicted,
+            predicted=self._model_size(),
             limit_bytes=int(self.limit),
             fit=self.fit,
             trials=list(self.trials),
             knee=throughput_knee(rates),
             notes=list(self.notes),
+            noise=self.noise,
+            effect=effect,
+            minimum=self.minimum,
+            maximum=self.maximum,
+            growth=growth,
         )
+
+    def _effect(self) -> tuple[BatchEffect, float | None]:
+        """Whether the batch moves memory by more than the noise over the whole range, and
+        by how much: read off a line through every run, once the range's top was run."""
+        runs = [
+            (t.batch_size, float(t.peak_bytes))
+            for t in self.trials
+            if t.ok and not t.oom and t.peak_bytes is not None
+        ]
+        sizes = np.array([b for b, _ in runs], dtype=float)
+        if self.maximum not in sizes or len(set(sizes.tolist())) < 2 or len(runs) < 3:
+            return BatchEffect.GROWS, None
+        peaks = np.array([p for _, p in runs])
+        slope, intercept = np.polyfit(sizes, peaks, 1)
+        residual_sd = float(
+            np.sqrt(np.sum((peaks - intercept - slope * sizes) ** 2) / (len(runs) - 2))
+        )
+        sigma = max(self.noise.sigma, residual_sd)
+        spread = float(np.sqrt(np.sum((sizes - sizes.mean()) ** 2)))
+        span = self.maximum - self.minimum
+        growth = float(slope) * span
+        return batch_effect(growth, sigma / spread * span, self.noise), growth
+
+    def _note_noise(self, effect: BatchEffect) -> None:
+        """Say when the noise takes a large share of the room the batch has: repeated
+        tunings then differ more than their margin suggests."""
+        noise = self.noise
+        first = self._peaks(self.minimum)
+        if effect is not BatchEffect.GROWS or not noise.measured or not first:
+            return
+        room = self.limit - sum(first) / len(first)
+        if room > 0 and noise.margin > 0.25 * room:
+            self._note(
+                f"the noise margin ({_bytes(noise.margin)}) is {noise.margin / room:.0%} of "
+                f"the room the batch has above batch {self.minimum} ({_bytes(room)}): "
+                "repeated tunings can differ by more than 10%; a larger budget gives a "
+                "steadier answer"
+            )
+
+    def _model_size(self) -> int | None:
+        """The final fit's largest size under the limit less the noise margin, within the
+        range: what the model printed beside it says."""
+        if self.fit is None:
+            return None
+        aim = self.fit.largest_under(self.limit - self.noise.margin)
+        if aim is None:
+            return self.maximum
+        return max(self.minimum, min(int(aim), self.maximum))
+
+    def _unreliable(self) -> str:
+        """Why no size could be recommended: the smallest fits, but not reliably."""
+        peaks = self._peaks(self.minimum)
+        noise = self.noise
+        mean = sum(peaks) / len(peaks) if peaks else None
+        return (
+            f"batch size {self.minimum} does not fit reliably: its runs peak at "
+            f"{_bytes(mean)} on average, and {noise.describe()}, so a run can cross the "
+            f"limit {_bytes(self.limit)}. Raise the budget, lower the headroom, or shrink "
+            "the model."
+        )
+
+    def _best_accepted(self) -> int | None:
+        """The largest size accepted so far (see :meth:`_accepted`)."""
+        sizes = sorted({t.batch_size for t in self.trials}, reverse=True)
+        return next((b for b in sizes if self._accepted(b)), None)
+
+    def _repeat_first(self) -> None:
+        """Run the smallest size again when the batch adds little to its peak: the noise of
+        its fixed part then decides whether the growth is real."""
+        first = self._peaks(self.minimum)
+        peaks = [float(t.peak_bytes) for t in self.trials if t.fits(self.limit)]
+        if len(first) != 1 or not peaks:
+            return
+        if max(peaks) - first[0] < SMALL_GROWTH * first[0]:
+            self._run(self.minimum, "repeat")
+
+    def _confirm(self) -> int | None:
+        """Repeat the size nearest the limit until the noise of identical runs is known
+        there, then settle on the answer (:meth:`_settle`)."""
+        candidate = self.good
+        while candidate is not None:
+            runs = [t for t in self.trials if t.batch_size == candidate]
+            if not all(t.fits(self.limit) for t in runs):
+                break  # a repeat crossed the limit: the answer is below it
+            peaks = self._peaks(candidate)
+            noise = self.noise
+            visible = 2 * noise.spread > AGREE * self._room()
+            # Runs that agree to the byte while the fit's residuals scatter (glibc's
+            # heap: 16 MiB steps, ties are common) say nothing yet: one more.
+            tied = noise.spread == 0 and self._fit_sd() > 0.005 * self.limit and len(peaks) < 3
+            if len(peaks) < 2 or (visible and noise.dof < 2) or tied:
+                # Nearest the limit, where a run that peaks higher fails: measure it there.
+                self._run(candidate, "repeat")
+                continue
+            break
+        answer = self._settle()
+        # Where identical runs differ, more runs where the answer is, until it is known to
+        # PRECISION (each may move it: the model takes them in). Not at the range's top,
+        # which the batch does not limit.
+        while (
+            answer is not None
+            and answer < self.maximum
+            and self._uncertainty(answer) > PRECISION
+            and len(self.trials) < self.max_trials - 1  # one left for a moved answer
+        ):
+            self._run(answer, "repeat")
+            answer = self._settle()
+        return answer
+
+    def _uncertainty(self, batch: int) -> float:
+        """The standard error of the answer near ``batch``, as a share of it: from how well
+        the runs pin the mean peak there (a line through them all) and the noise margin
+        (two sd, known to ``sqrt(2 dof)``), at the fit's slope."""
+        runs = [
+            (t.batch_size, float(t.peak_bytes))
+            for t in self.trials
+            if t.ok and not t.oom and t.peak_bytes is not None
+        ]
+        fit, noise = self.fit, self.noise
+        if fit is None or len(runs) < 3 or noise.sigma <= 0:
+            return 0.0
+        slope = fit.slope + 2 * fit.quadratic * batch
+        if slope <= 0:
+            return 0.0
+        sizes = np.array([b for b, _ in runs], dtype=float)
+        sxx = float(np.sum((sizes - sizes.mean()) ** 2)) or 1.0
+        level = noise.sigma * math.sqrt(1 / len(runs) + (batch - sizes.mean()) ** 2 / sxx)
+        dof = max(noise.dof, len(runs) - 2)
+        margin = MARGIN_SDS * noise.sigma / math.sqrt(2 * dof)
+        return math.hypot(level, margin) / slope / batch
+
+    def _settle(self) -> int | None:
+        """The size to recommend, or None when not even the smallest is safe.
+
+        The largest size whose runs were accepted (:meth:`_accepted`); with noisy runs,
+        where the model through every run meets the limit less the noise margin if that
+        is higher (below every size that failed). The model averages all the runs, where
+        one run of a size sits up to two sd off its mean either way: stepping down by
+        one run's excess instead made three tunings of one script differ by 40%. A size
+        the model picks that never ran is run once; should that run cross the limit, the
+        answer is looked for again below it."""
+        while True:
+            answer = self._best_accepted()
+            modelled = self._model_size()
+            fit = self.fit
+            if self.noise.sigma > 0 and modelled is not None and fit is not None:
+                failed = self.failed
+                if failed is not None:
+                    modelled = min(modelled, failed - 1)
+                modelled = round_batch(modelled, self.rounding, self.minimum)
+                fits_model = fit.peak(modelled) + self.noise.margin <= self.limit
+                # A size within 5% of one already accepted is not worth a trial.
+                if fits_model and (answer is None or modelled > answer * (1 + VERIFY_TOLERANCE)):
+                    answer = modelled
+            if answer is None or answer in {t.batch_size for t in self.trials}:
+                return answer
+            trial = self._run(answer, "confirm")
+            if not trial.ok and not trial.oom:
+                raise TuneError(f"the trial at batch size {answer} failed: {trial.message}")
+            if trial.fits(self.limit):
+                return answer
+
+    def _room(self) -> float:
+        """The room the batch has: the limit less the smallest size's mean peak."""
+        first = self._peaks(self.minimum)
+        return self.limit - (sum(first) / len(first) if first else 0.0)
 
     def _grow(self) -> None:
         """Probe bigger sizes until the part of the peak that grows with the batch fills
@@ -368,36 +690,60 @@ class BatchSearch:
         last = self.trials[-1]
         while (
             last.fits(self.limit)
-            and (last.peak_bytes < enough or self.fit is None)
+            and (not self._grown_beyond(last, enough) or self.fit is None)
             and last.batch_size < self.maximum
         ):
             b = last.batch_size
-            if self.fit is None or self.fit.slope <= 0:
-                nxt = b * 2 if len(self.trials) < 2 else b * 8
+            if b >= 16 * self.minimum and (last.peak_bytes or 0) - base < SMALL_GROWTH * base:
+                # 16x the smallest size adds under a tenth of its peak: is that growth
+                # more than noise? The smallest size's second run says.
+                self._repeat_first()
+                base = sum(self._peaks(self.minimum)) / len(self._peaks(self.minimum))
+            sizes = {t.batch_size for t in self.trials if t.ok}
+            if self.fit is None:
+                nxt = b * 2
+            elif self.fit.slope <= 0 and max(sizes) < 256 * min(sizes):
+                nxt = b * 16  # no growth yet, or only noise: out of the noise first
+            elif self.fit.slope <= 0 and self.fit.quadratic <= 0:
+                # No growth over sizes 256x apart: the range's top says whether there is
+                # any (more probes would say the same, slower).
+                nxt = self.maximum
             else:
                 aim = self.fit.largest_under(target)
                 nxt = int(aim) if aim is not None else b * 8
-                # While the growing part is lost in the noise of the fixed part, the slope
-                # is a guess: jump up to 16x to get out of the noise. Once it shows, at most
-                # 8x: memory may grow faster than the line (attention), which the fit can
-                # only see from four sizes on.
-                cap = 16 if (last.peak_bytes - base) < 0.1 * base else 8
-                nxt = max(b * 2, min(nxt, b * cap))
+                # While the growing part is lost in the noise of the fixed part (under
+                # three sd of identical runs; before any repeat, under a tenth of it), the
+                # slope is a guess: jump 16x to get out of the noise. Once it shows, at
+                # most 8x: memory may grow faster than the line, which the fit sees from
+                # four sizes on.
+                growth = last.peak_bytes - base
+                noise = self.noise
+                if growth < (3 * noise.sigma if noise.measured else 0.1 * base):
+                    nxt = b * 16
+                else:
+                    nxt = max(b * 2, min(nxt, b * 8))
             nxt = min(max(nxt, b + 1), self.maximum)
             last = self._run(nxt, "probe")
             if not last.ok and not last.oom:
                 raise TuneError(f"the trial at batch size {nxt} failed: {last.message}")
 
+    def _grown_beyond(self, last: Trial, enough: float) -> bool:
+        """True when ``last``'s peak is past ``enough`` and, once noise was measured, three
+        standard deviations of it above the smallest size: a slope read off less is noise."""
+        first = self._peaks(self.minimum)
+        growth = (last.peak_bytes or 0) - sum(first) / len(first)
+        return (last.peak_bytes or 0) >= enough and growth >= 3 * self.noise.sigma
+
     def _scale(self) -> None:
         """One trial where the fake step's model, on the first trial, fills
-        :data:`PRIOR_SHARE` of the room: what the real process pays per tensor byte (RSS
-        over tensors on CPU, the allocator's rounding on a device; 1.0 to 1.5 in
-        practice) sets the scale before the prediction goes near the limit."""
+        :attr:`prior_share` of the room: what the real process pays per tensor byte (RSS
+        over tensors on CPU, the allocator's rounding on a device) sets the scale before
+        the prediction goes near the limit."""
         first = self.trials[0]
         if self.fit is None or first.peak_bytes is None:
             return
         base = first.peak_bytes
-        aim = self.fit.largest_under(base + (self.limit - base) * PRIOR_SHARE)
+        aim = self.fit.largest_under(base + (self.limit - base) * self.prior_share)
         if aim is None:
             return
         size = min(int(aim), self.maximum)
@@ -411,10 +757,14 @@ class BatchSearch:
         """The model's largest size under the limit, within the range and below a failure."""
         fit = self.fit
         good = self.good or self.minimum
-        # Aim a little under the limit, by the fit's own scatter (1-3%): a prediction that
-        # lands just over it costs another trial, one just under costs 1% of the size.
+        # Aim a little under the limit, by the fit's own scatter (2-4%): a prediction that
+        # lands just over it, or within the noise margin of it, costs more trials; one
+        # just under costs 2% of the size.
         margin = (
-            min(max(2 * fit.rms_residual, 0.01 * self.limit), 0.03 * self.limit)
+            max(
+                min(max(2 * fit.rms_residual, 0.02 * self.limit), 0.04 * self.limit),
+                self.noise.margin,
+            )
             if fit is not None
             else 0.0
         )
@@ -451,7 +801,9 @@ class BatchSearch:
             failed = self.failed
             good = self.good or self.minimum
             if failed is not None:
-                if failed - good <= max(1, VERIFY_TOLERANCE * good):
+                if failed - good <= max(1, VERIFY_TOLERANCE * good) or self._within_noise(
+                    good, failed
+                ):
                     return
                 batch = self._between(good, failed)
                 continue
@@ -462,6 +814,18 @@ class BatchSearch:
             batch = self._predict()  # refitted with this trial: closer now
             if batch <= good * (1 + VERIFY_TOLERANCE):
                 return  # the refitted model agrees to within 5%: no trial would gain more
+
+    def _within_noise(self, good: int, failed: int) -> bool:
+        """True when the peaks of ``good`` and ``failed`` differ by less than identical
+        runs do (or, before any repeat, by under 3% of the limit): a cut between them
+        would be decided by the noise, not by the batch. The confirmation that follows
+        measures that noise and steps down from ``good`` if it must."""
+        low, high = self._peaks(good), self._peaks(failed)
+        if not low or not high:
+            return False
+        noise = self.noise
+        within = max(noise.spread, 3 * noise.sigma) if noise.measured else 0.03 * self.limit
+        return max(high) - sum(low) / len(low) <= within
 
     def _between(self, good: int, failed: int) -> int:
         """Where to cut between a size that fitted and one that did not: where the line

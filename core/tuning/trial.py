@@ -29,7 +29,8 @@ import psutil
 
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.record.library import new_session_path
-from torchmem.tuning.search import Trial, TuneCancelled, TuneError
+from torchmem.tuning.model import Fit, Rounding
+from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, prior_share
 
 #: How often a running trial's RSS is checked against the budget (CPU).
 WATCH_PERIOD_S = 0.02
@@ -165,6 +166,34 @@ def run_trial(plan: TrialPlan, batch: int, cancel: threading.Event | None = None
         stderr = Path(errors_path).read_text(errors="replace")
         summary = _read_summary(summary_path)
     return measured_trial(plan, batch, code, max_rss, over_budget, summary, stderr, duration)
+
+
+def plan_search(
+    plan: TrialPlan,
+    limit: float,
+    minimum: int,
+    maximum: int,
+    rounding: Rounding = "none",
+    max_trials: int = 12,
+    on_trial: Callable[[Trial, Fit | None], None] | None = None,
+    cancel: threading.Event | None = None,
+    prior: Fit | None = None,
+) -> BatchSearch:
+    """The search of ``plan``'s trials, as ``torchmem tune`` and the Tune panel both run
+    it: one construction, so that the two give the same answer for the same settings."""
+    cancel = cancel or threading.Event()
+    return BatchSearch(
+        lambda batch, role, predicted: run_trial(plan, batch, cancel),
+        limit,
+        minimum,
+        maximum,
+        rounding,
+        max_trials,
+        on_trial,
+        cancel,
+        prior=prior,
+        prior_share=prior_share(plan.device),
+    )
 
 
 def _wait(

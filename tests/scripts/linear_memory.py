@@ -5,7 +5,10 @@ Its largest batch under a budget is therefore known independently of any search.
 Options: --batch-size N, --steps N, --fail-above N (raise a ValueError above that size,
 as a script with a shape bug would), --quadratic (hold batch² / 64 MiB more: attention),
 --eval (a forward without grad after each step, as a validation pass), --log-loss (print
-the loss's value before backward: what fake tensors cannot give).
+the loss's value before backward: what fake tensors cannot give), --noise (hold 0 to 3
+more 16 MiB blocks, chosen at random in each run, as glibc keeps or returns freed 16 MiB
+tensors: identical runs then peak up to 48 MiB apart), --ignore-batch (never read the
+batch size: 8 samples whatever it says).
 """
 
 import argparse
@@ -20,7 +23,11 @@ p.add_argument("--fail-above", type=int, default=0)
 p.add_argument("--quadratic", action="store_true")
 p.add_argument("--eval", action="store_true")
 p.add_argument("--log-loss", action="store_true")
+p.add_argument("--noise", action="store_true")
+p.add_argument("--ignore-batch", action="store_true")
 args = p.parse_args()
+if args.ignore_batch:
+    args.batch_size = 8
 if args.fail_above and args.batch_size > args.fail_above:
     raise ValueError(f"shape mismatch: batch {args.batch_size} does not divide the buckets")
 
@@ -28,6 +35,10 @@ torch.manual_seed(0)
 model = nn.Linear(16, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 ROW = 256 * 1024  # float32: one MiB per sample
+if args.noise:
+    import random
+
+    kept = torch.ones(16 * random.SystemRandom().randrange(4), ROW)
 for _ in range(args.steps):
     activations = torch.ones(args.batch_size, ROW)
     extra = torch.ones(args.batch_size * args.batch_size // 64, ROW) if args.quadratic else None
