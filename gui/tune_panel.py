@@ -211,9 +211,10 @@ class TunePanel(JobPanel):
         self.predict_check.setToolTip(
             "Run one training step per size under FakeTensorMode before any trial: tensors "
             "without data, so a step at batch 4096 allocates nothing and takes a moment. "
-            "The memory model then needs two real trials after the first, where probing "
-            "takes five or six. A script that reads a tensor's value before its first "
-            "backward (.item()) cannot be predicted: the search then probes, and says why."
+            "The memory model then needs three real trials after the first, where probing "
+            "takes six or seven. A value read before the first backward (.item()) is given a "
+            "stand-in (1, 1.0, False) and said as a caveat; a shape that depends on values "
+            "(a boolean mask) cannot be predicted: the search then probes, and says why."
         )
         self.ranks_spin = QSpinBox()
         self.ranks_spin.setRange(1, 256)

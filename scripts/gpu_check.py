@@ -593,6 +593,36 @@ def check_allocator(out_dir: Path) -> None:
             broke("allocator settings", exc, r.stdout[-200:], r.stderr[-300:])
 
 
+def check_tune_repeats(out_dir: Path) -> None:
+    """Tuning on CUDA, three times: the noise of identical runs' peak reserved bytes (0 if
+    the allocator is as deterministic as expected: no margin, 4 trials), and three answers
+    within 10% of each other."""
+    answers, noises, counts = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(3):
+            tuned = Path(tmp) / f"tune{i}.json"
+            subprocess.run(
+                [sys.executable, "-m", "torchmem", "tune", "--device", "cuda:0", "--budget",
+                 "3GiB", "--max", "16384", "--steps", "2", "--summary", str(tuned),
+                 str(ROOT / "resources/examples/demo_train.py"), "--device", "cuda",
+                 "--epochs", "1"],
+                capture_output=True, text=True, timeout=240,
+            )  # fmt: skip
+            data = json.loads(tuned.read_text()) if tuned.exists() else {}
+            answers.append(data.get("recommended"))
+            noises.append((data.get("noise") or {}).get("spread_bytes"))
+            counts.append(len(data.get("trials", [])))
+            if tuned.exists():
+                (out_dir / f"gpu_tune_repeat{i}.json").write_text(tuned.read_text())
+    found = [a for a in answers if a]
+    check(
+        "torchmem tune on cuda:0, three times: answers within 10%",
+        len(found) == 3 and max(found) <= 1.1 * min(found),
+        f"recommended {answers}, spread of identical runs' reserved bytes {noises}, "
+        f"trials {counts}",
+    )
+
+
 CHECKS = {
     name.removeprefix("check_"): fn
     for name, fn in list(globals().items())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -14,9 +13,11 @@ from test_agent import start, wait_until
 
 from torchmem.session import Session
 from torchmem.sources.remote import RemoteSource
-from torchmem.transport.inject import InjectError, inject_agent
+from torchmem.transport.inject import InjectError, gdb_unsafe_here, inject_agent
 
-pytestmark = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
+pytestmark = pytest.mark.skipif(
+    bool(GDB_UNSAFE := gdb_unsafe_here()), reason=f"no injection here: {GDB_UNSAFE}"
+)
 
 
 @pytest.fixture

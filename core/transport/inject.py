@@ -128,6 +128,42 @@ def inject_agent(pid: int, timeout: float = INJECT_TIMEOUT_S) -> AgentEntry:
             script.unlink()
 
 
+def gdb_unsafe_here() -> str:
+    """Why gdb cannot inject on this machine ("" when it can, or cannot tell): one
+    pending call into a throwaway Python process, which must live on. A VM whose kernel
+    refuses gdb the extended CPU state kills the target."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "gdb is not installed"
+    target = subprocess.Popen(
+        [sys.executable, "-u", "-c", "import time\nwhile True: time.sleep(0.01)"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(0.5)
+        done = subprocess.run(
+            [gdb, "-p", str(target.pid), "--batch", "--nx", "-q", "-ex", "set confirm off",
+             "-ex", 'call (int) Py_AddPendingCall((int (*)(void *)) PyRun_SimpleString, '
+             '(void *) "print(4242)")', "-ex", "detach"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        output = done.stdout + done.stderr
+        if "Couldn't write extended state status" in output:
+            return "gdb cannot restore a process's registers on this machine (a VM)"
+        if "ptrace: Operation not permitted" in output or "Could not attach" in output:
+            return "ptrace is refused here"
+        time.sleep(0.5)
+        if target.poll() is not None:
+            return "the target died after gdb's call"
+        return ""
+    except subprocess.TimeoutExpired:
+        return "gdb did not finish within 60 s"
+    finally:
+        if target.poll() is None:
+            target.kill()
+        target.wait()
+
+
 def _gdb_pending_call(pid: int, script: Path) -> None:
     gdb = shutil.which("gdb")
     if gdb is None:
@@ -156,6 +192,15 @@ def _gdb_pending_call(pid: int, script: Path) -> None:
             f"(kernel.yama.ptrace_scope = {scope})" if scope else "(a container or LSM rule)"
         )
         raise InjectError(f"{why}. {PTRACE_HELP}")
+    if "Couldn't write extended state status" in output:
+        # Seen in a Firecracker VM: gdb could not put back the registers its call
+        # borrowed, and the target's interrupted sleep then failed (errno 514).
+        raise InjectError(
+            f"gdb could not restore the registers of {pid} after its call (this machine's "
+            "kernel refuses to write the extended CPU state: a virtual machine), so "
+            "injecting is not safe here and the process may have been disturbed. "
+            + PTRACE_HELP.split("; or ")[0]
+        )
     if "No symbol" in output or "$1 = -1" in output:
         raise InjectError(
             f"gdb could not queue the call in {pid} ({output.strip().splitlines()[-1]}); "

@@ -19,10 +19,14 @@ The step ends when the first backward returns: by then the activations, the part
 grows with the batch, have peaked. What does not grow with the batch (the interpreter,
 the optimizer's state) is taken from a real trial by the caller.
 
-Fake tensors have no values: a script that reads one before its first backward
-(``.item()``, ``.tolist()``, ``if loss > x``) or calls an operator without a fake
-implementation cannot be predicted; the error is written out, said in one line, and the
-search falls back to probes.
+Fake tensors have no values. A value read before the first backward (``.item()`` of a
+count, as Hugging Face's ``Trainer`` does for ``num_items_in_batch``; a logged loss;
+``if loss > x``) is given a stand-in: 1 for integers, 1.0 for floats, False for a
+boolean (the "is it NaN?" checks let the step go on), and each one is written out as a
+caveat, since the prediction holds only where the step's memory does not depend on it.
+An operator whose output shape depends on values (``nonzero``, boolean masks) or that
+has no fake implementation cannot be predicted; the error is written out, said in one
+line, and the search falls back to probes.
 """
 
 from __future__ import annotations
@@ -59,16 +63,32 @@ def _live_bytes_mode() -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
+    scalar = torch.ops.aten._local_scalar_dense.default
+
     class LiveBytes(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
             self.live = 0
             self.peak = 0
             self._seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+            #: Stand-in values given to reads of a tensor's value: (dtype, value) -> count.
+            self.stand_ins: dict[tuple[str, Any], int] = {}
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: Any = (), kwargs: Any = None
         ) -> Any:
+            if func is scalar:  # .item(): a fake tensor has no value to give
+                dtype = args[0].dtype
+                value: Any = (
+                    False
+                    if dtype == torch.bool
+                    else 1.0
+                    if dtype.is_floating_point or dtype.is_complex
+                    else 1
+                )
+                key = (str(dtype).removeprefix("torch."), value)
+                self.stand_ins[key] = self.stand_ins.get(key, 0) + 1
+                return value
             out = func(*args, **(kwargs or {}))
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
@@ -162,9 +182,10 @@ def _patch_module_to() -> tuple[Any, Any]:
     return original_to, original_cuda
 
 
-def one_step(script: str, argv: list[str]) -> int:
+def one_step(script: str, argv: list[str], caveats: list[str] | None = None) -> int:
     """Peak live tensor bytes of ``script``'s first step, run with ``argv``, under
-    FakeTensorMode; PredictionFailed with the reason when it cannot run."""
+    FakeTensorMode; PredictionFailed with the reason when it cannot run. Each stand-in
+    value the step was given is added to ``caveats`` (once)."""
     import torch
     import torch.autograd
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -184,6 +205,14 @@ def one_step(script: str, argv: list[str]) -> int:
         with FakeTensorMode(allow_non_fake_inputs=True), counter, _on_the_cpu_mode():
             runpy.run_path(script, run_name="__main__")
     except StepEnded:
+        for (dtype, value), count in counter.stand_ins.items():
+            said = (
+                f"a {dtype} value read before backward (.item()) was given {value!r} "
+                f"({count} time{'s' * (count > 1)} a step): the step's memory must not "
+                "depend on it"
+            )
+            if caveats is not None and said.split(" (")[0] not in " ".join(caveats):
+                caveats.append(said)
         return int(counter.peak)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -205,12 +234,15 @@ def why_not(exc: BaseException) -> str:
     """Why FakeTensorMode could not run the step, for a user."""
     name = type(exc).__name__
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else name
-    if name in ("DataDependentOutputException", "DynamicOutputShapeException") or (
-        "_local_scalar_dense" in text
-    ):
+    if name == "DynamicOutputShapeException":
         return (
-            "the step reads a tensor's value before its first backward (.item(), "
-            f".tolist(), a data-dependent operator: {text}); fake tensors have no values"
+            "an operator's output shape depends on tensor values before the first backward "
+            f"(a boolean mask, nonzero: {text}); fake tensors have no values"
+        )
+    if name == "DataDependentOutputException" or "_local_scalar_dense" in text:
+        return (
+            "the step reads a tensor's value before its first backward (a data-dependent "
+            f"operator: {text}); fake tensors have no values"
         )
     if name == "UnsupportedOperatorException":
         return f"an operator has no FakeTensorMode implementation ({text})"
@@ -234,11 +266,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, os.path.dirname(script))  # as `python train.py` would
     started = time.monotonic()
     points: list[list[int]] = []
+    caveats: list[str] = []
     error = None
     size = opts.min
     while True:
         try:
-            peak = one_step(script, substitute(opts.args, opts.batch_arg, size))
+            peak = one_step(script, substitute(opts.args, opts.batch_arg, size), caveats)
         except PredictionFailed as exc:
             error = str(exc)
             break
@@ -246,7 +279,12 @@ def main(argv: list[str] | None = None) -> None:
         if peak >= opts.until or size >= opts.max:
             break
         size = min(size * GROWTH, opts.max)
-    result = {"points": points, "error": error, "seconds": round(time.monotonic() - started, 3)}
+    result = {
+        "points": points,
+        "error": error,
+        "caveats": caveats,
+        "seconds": round(time.monotonic() - started, 3),
+    }
     Path(opts.out).write_text(json.dumps(result))
 
 

@@ -40,6 +40,8 @@ class Prediction:
     fit: Fit | None = None
     seconds: float = 0.0
     error: str | None = None
+    #: Stand-in values the fake step gave to tensor values read before backward.
+    caveats: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         """One line: what was predicted, or why not."""
@@ -51,9 +53,10 @@ class Prediction:
         shape = f"{format_bytes(self.fit.slope)} × batch"
         if self.fit.is_quadratic:
             shape += f" + {format_bytes(self.fit.quadratic)} × batch²"
+        caveats = "".join(f"; {caveat}" for caveat in self.caveats)
         return (
             f"predicted before running: one step under FakeTensorMode at batch sizes {sizes} "
-            f"({self.seconds:.1f} s, nothing allocated): tensors grow by {shape}"
+            f"({self.seconds:.1f} s, nothing allocated): tensors grow by {shape}{caveats}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -63,6 +66,7 @@ class Prediction:
             "fit": self.fit.to_json() if self.fit is not None else None,
             "seconds": round(self.seconds, 3),
             "error": self.error,
+            "caveats": list(self.caveats),
         }
 
 
@@ -140,7 +144,7 @@ def predict(
             why = tail[-1] if tail else f"exit code {code}"
             return Prediction(seconds=seconds, error=f"the fake step process failed: {why}")
     points = [(int(b), int(p)) for b, p in data.get("points", [])]
-    prediction = Prediction(points, None, seconds, data.get("error"))
+    prediction = Prediction(points, None, seconds, data.get("error"), list(data.get("caveats", [])))
     if len({b for b, _ in points}) >= 2:
         fit = fit_peaks([b for b, _ in points], [p for _, p in points])
         if fit.slope > 0 or fit.quadratic > 0:

@@ -5,10 +5,11 @@ Its largest batch under a budget is therefore known independently of any search.
 Options: --batch-size N, --steps N, --fail-above N (raise a ValueError above that size,
 as a script with a shape bug would), --quadratic (hold batch² / 64 MiB more: attention),
 --eval (a forward without grad after each step, as a validation pass), --log-loss (print
-the loss's value before backward: what fake tensors cannot give), --noise (hold 0 to 3
-more 16 MiB blocks, chosen at random in each run, as glibc keeps or returns freed 16 MiB
-tensors: identical runs then peak up to 48 MiB apart), --ignore-batch (never read the
-batch size: 8 samples whatever it says).
+the loss's value before backward: fake tensors have none), --select (keep the rows a
+boolean mask picks: a shape that depends on values, which fake tensors cannot give),
+--noise (hold 0 to 3 more 16 MiB blocks, chosen at random in each run, as glibc keeps or
+returns freed 16 MiB tensors: identical runs then peak up to 48 MiB apart),
+--ignore-batch (never read the batch size: 8 samples whatever it says).
 """
 
 import argparse
@@ -24,6 +25,7 @@ p.add_argument("--quadratic", action="store_true")
 p.add_argument("--eval", action="store_true")
 p.add_argument("--log-loss", action="store_true")
 p.add_argument("--noise", action="store_true")
+p.add_argument("--select", action="store_true")
 p.add_argument("--ignore-batch", action="store_true")
 args = p.parse_args()
 if args.ignore_batch:
@@ -42,7 +44,8 @@ if args.noise:
 for _ in range(args.steps):
     activations = torch.ones(args.batch_size, ROW)
     extra = torch.ones(args.batch_size * args.batch_size // 64, ROW) if args.quadratic else None
-    loss = model(activations[:, :16]).pow(2).mean()
+    rows = activations[activations[:, 0] > 0] if args.select else activations
+    loss = model(rows[:, :16]).pow(2).mean()
     if args.log_loss:
         print(f"loss {loss.item():.4f}")
     opt.zero_grad()
@@ -51,4 +54,4 @@ for _ in range(args.steps):
     if args.eval:
         with torch.no_grad():
             model(activations[:, :16])
-    del activations, extra
+    del activations, extra, rows
