@@ -139,18 +139,24 @@ def check_demo(out_dir: Path) -> None:
         )
 
 
+def tune_demo(summary: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    """``torchmem tune`` of the demo on cuda:0 with a 3 GiB budget; the run and its
+    summary ({} when none was written)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "torchmem", "tune", "--device", "cuda:0", "--budget",
+         "3GiB", "--max", "16384", "--steps", "2", "--summary", str(summary),
+         str(ROOT / "resources/examples/demo_train.py"), "--device", "cuda",
+         "--epochs", "1"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    return r, json.loads(summary.read_text()) if summary.exists() else {}
+
+
 def check_tune_cli(out_dir: Path) -> None:
     """Batch-size tuning on CUDA: the budget on peak reserved, real trials of the demo."""
     with tempfile.TemporaryDirectory() as tmp:
         tuned = Path(tmp) / "tune.json"
-        r = subprocess.run(
-            [sys.executable, "-m", "torchmem", "tune", "--device", "cuda:0", "--budget",
-             "3GiB", "--max", "16384", "--steps", "2", "--summary", str(tuned),
-             str(ROOT / "resources/examples/demo_train.py"), "--device", "cuda",
-             "--epochs", "1"],
-            capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
-        data = json.loads(tuned.read_text()) if tuned.exists() else {}
+        r, data = tune_demo(tuned)
         trials = data.get("trials", [])
         check(
             "torchmem tune on cuda:0 (3 GiB budget on reserved)",
@@ -601,14 +607,7 @@ def check_tune_repeats(out_dir: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(3):
             tuned = Path(tmp) / f"tune{i}.json"
-            subprocess.run(
-                [sys.executable, "-m", "torchmem", "tune", "--device", "cuda:0", "--budget",
-                 "3GiB", "--max", "16384", "--steps", "2", "--summary", str(tuned),
-                 str(ROOT / "resources/examples/demo_train.py"), "--device", "cuda",
-                 "--epochs", "1"],
-                capture_output=True, text=True, timeout=240,
-            )  # fmt: skip
-            data = json.loads(tuned.read_text()) if tuned.exists() else {}
+            _, data = tune_demo(tuned)
             answers.append(data.get("recommended"))
             noises.append((data.get("noise") or {}).get("spread_bytes"))
             counts.append(len(data.get("trials", [])))

@@ -128,6 +128,20 @@ def inject_agent(pid: int, timeout: float = INJECT_TIMEOUT_S) -> AgentEntry:
             script.unlink()
 
 
+def _gdb_pending_command(gdb: str, pid: int, code: str) -> list[str]:
+    """gdb's command line that queues ``code`` as a pending call in ``pid``: the
+    interpreter runs it in its main thread at a safe point."""
+    literal = code.replace("\\", "\\\\").replace('"', '\\"')
+    return [
+        gdb, "-p", str(pid), "--batch", "--nx", "-q",
+        "-ex", "set confirm off",
+        "-ex", "set print thread-events off",
+        "-ex", f'call (int) Py_AddPendingCall((int (*)(void *)) PyRun_SimpleString, '
+               f'(void *) "{literal}")',
+        "-ex", "detach",
+    ]  # fmt: skip
+
+
 def gdb_unsafe_here() -> str:
     """Why gdb cannot inject on this machine ("" when it can, or cannot tell): one
     pending call into a throwaway Python process, which must live on. A VM whose kernel
@@ -142,9 +156,7 @@ def gdb_unsafe_here() -> str:
     try:
         time.sleep(0.5)
         done = subprocess.run(
-            [gdb, "-p", str(target.pid), "--batch", "--nx", "-q", "-ex", "set confirm off",
-             "-ex", 'call (int) Py_AddPendingCall((int (*)(void *)) PyRun_SimpleString, '
-             '(void *) "print(4242)")', "-ex", "detach"],
+            _gdb_pending_command(gdb, target.pid, "pass"),
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         output = done.stdout + done.stderr
@@ -171,18 +183,10 @@ def _gdb_pending_call(pid: int, script: Path) -> None:
             "injecting into Python < 3.14 needs gdb (apt-get install gdb). " + PTRACE_HELP
         )
     code = f"exec(open({str(script)!r}).read())"
-    literal = code.replace("\\", "\\\\").replace('"', '\\"')
-    command = [
-        gdb, "-p", str(pid), "--batch", "--nx", "-q",
-        "-ex", "set confirm off",
-        "-ex", "set print thread-events off",
-        # A pending call: the interpreter runs it in its main thread at a safe point.
-        "-ex", f'call (int) Py_AddPendingCall((int (*)(void *)) PyRun_SimpleString, '
-               f'(void *) "{literal}")',
-        "-ex", "detach",
-    ]  # fmt: skip
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            _gdb_pending_command(gdb, pid, code), capture_output=True, text=True, timeout=60
+        )
     except subprocess.TimeoutExpired:
         raise InjectError(f"gdb did not finish attaching to {pid} within 60 s") from None
     output = done.stdout + done.stderr
