@@ -47,6 +47,13 @@ METRICS: dict[str, Metric] = {
         "Resident set size of the process: its pages in RAM, shared libraries included "
         "(CPU tensors live here; there is no PyTorch counter of CPU tensor bytes).",
     ),
+    "rss_peak": Metric(
+        "process peak RSS (kernel)",
+        "The kernel's high-water mark of the process's RSS (VmHWM): the highest it has "
+        "been since the process started (or, for a run in the window, since the run "
+        "started), bursts between two samples included. Where it is above every sample, "
+        "the RSS row's Peak shows it.",
+    ),
     "uss": Metric(
         "process USS",
         "Unique set size: RAM that would be freed if the process exited (no shared pages). "
@@ -108,6 +115,9 @@ METRICS: dict[str, Metric] = {
     ),
 }
 
+
+#: The metric of the kernel's high-water mark of the RSS: an RSS series' peak where higher.
+KERNEL_PEAK = "rss_peak"
 
 #: Metrics that are not byte counts (not drawn on the memory axes).
 COUNT_METRICS = frozenset({"alloc_retries", "ooms"})

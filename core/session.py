@@ -10,6 +10,7 @@ a printing script would otherwise redraw every trace at the bridge's full rate.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -33,7 +34,7 @@ from torchmem.events import (
     Sample,
     Stream,
 )
-from torchmem.series import split_key
+from torchmem.series import KERNEL_PEAK, is_sum_scope, split_key, split_scope
 from torchmem.timeseries import SeriesBuffer, StepClock
 
 Listener = Callable[[Event], None]
@@ -222,16 +223,37 @@ class Session:
         with self._lock:
             return self.steps.to_steps(t)
 
+    def _peak(self, key: str, buf: SeriesBuffer) -> float:
+        """A series' peak; for a process's RSS, the kernel's high-water mark where it is
+        higher (a burst between two samples). Not for a sum of processes: the sum of
+        their peaks is not the peak of their sum. Called with the lock held."""
+        device, metric = split_key(key)
+        if metric == "rss" and not is_sum_scope(split_scope(key)[0]):
+            hwm = self.series.get(f"{device}/{KERNEL_PEAK}")
+            if hwm is not None and hwm.count and math.isfinite(hwm.last):
+                return max(buf.peak, hwm.last)
+        return buf.peak
+
+    def kernel_peaks(self) -> dict[str, float]:
+        """The RSS series whose peak is the kernel's high-water mark, above every sample
+        of it: ``{"cpu/rss": bytes}``. Views say where a peak comes from."""
+        with self._lock:
+            return {
+                key: peak
+                for key, buf in self.series.items()
+                if split_key(key)[1] == "rss" and (peak := self._peak(key, buf)) > buf.peak
+            }
+
     def latest(self) -> dict[str, tuple[float, float]]:
         """Last value and peak of every series."""
         with self._lock:
-            return {k: (b.last, b.peak) for k, b in self.series.items()}
+            return {k: (b.last, self._peak(k, b)) for k, b in self.series.items()}
 
     def latest_timed(self) -> dict[str, tuple[float, float, float]]:
         """Last value, peak and the time of the last reading of every series: a reading
         older than its neighbours is stale, and views say so."""
         with self._lock:
-            return {k: (b.last, b.peak, float(b.last_t)) for k, b in self.series.items()}
+            return {k: (b.last, self._peak(k, b), float(b.last_t)) for k, b in self.series.items()}
 
     def peak_bytes(self) -> dict[str, float]:
         """Peak per device for summaries: accelerator peak allocated, and ``cpu_rss``."""
@@ -240,7 +262,7 @@ class Session:
             for key, buf in self.series.items():
                 device, metric = split_key(key)
                 if metric == "rss":  # "cpu_rss", or "rank1/cpu_rss" for a rank of a job
-                    peaks[f"{device}_rss"] = buf.peak
+                    peaks[f"{device}_rss"] = self._peak(key, buf)
                 elif metric in ("peak_allocated", "allocated") and buf.count:
                     peaks[device] = max(peaks.get(device, 0.0), buf.peak)
         return dict(sorted(peaks.items(), key=lambda kv: _scope_order(kv[0])))
@@ -277,9 +299,10 @@ class Session:
             return [a for a in self.alert_log if a.state is AlertState.ACTIVE]
 
     def alert_list(self) -> list[Alert]:
-        """Latest state of every alert raised so far, newest first."""
+        """Latest state of every alert raised so far, the most recently raised first: an
+        update (every step of a leak) does not move an older alert above a newer one."""
         with self._lock:
-            return sorted(self.alerts.values(), key=lambda a: a.t, reverse=True)
+            return list(reversed(self.alerts.values()))  # a dict keeps the order of raising
 
     def user_markers(self) -> list[Marker]:
         """User and epoch markers, oldest first."""

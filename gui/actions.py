@@ -73,7 +73,8 @@ ACTIONS = (
         "&Stop",
         "stop",
         "Shift+F5",
-        "Stop the script at its next step (forced after 2 s)",
+        "Stop the script at its next step (forced after 2 s; a separate process blocked "
+        "in a C call, such as sleep, is terminated after 7 s)",
     ),
     ActionSpec(
         "act_rerun",

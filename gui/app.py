@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtCore import QObject, QSettings, QTimer, Signal, Slot
 from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
 from torchmem.resources import demo_script
 from torchmem.resources import path as resource_path
@@ -19,6 +19,7 @@ from torchmem.session import Session
 from torchmem.sources.inprocess import InProcessSource
 
 from .main_window import MainWindow
+from .snapshot_window import SnapshotOpener
 from .theme import apply_theme
 
 
@@ -69,10 +70,53 @@ def screenshot_when_drawn(window: MainWindow, path: str, samples: int) -> None:
     timer.start()
 
 
+class SnapshotAlone(QObject):
+    """``torchmem snapshot FILE``: the Snapshot window alone, no main window behind it.
+
+    The reading's progress dialog needs a parent: a hidden widget. A cancelled reading
+    is :attr:`done` with 0; a failed one says its reason on the terminal and in a message
+    box (:attr:`failure_box`), and is done with 1 once the box is closed. Closing the
+    Snapshot window ends the application as its last window."""
+
+    #: The exit code the application should end with.
+    done = Signal(int)
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.host = QWidget()
+        self.opener = SnapshotOpener(self.host)
+        self.failure_box: QMessageBox | None = None
+        self.opener.failed.connect(self._on_failed)
+        self.opener.ended.connect(self._on_ended)
+        self.opener.open(path)
+
+    @Slot(str)
+    def _on_failed(self, text: str) -> None:
+        print(f"torchmem: {text}", file=sys.__stderr__)
+        box = QMessageBox(QMessageBox.Critical, "torchmem: cannot open the snapshot", text)
+        box.finished.connect(lambda _: self.done.emit(1))
+        self.failure_box = box
+
+    @Slot(bool)
+    def _on_ended(self, opened: bool) -> None:
+        if opened:
+            return
+        if self.failure_box is not None:
+            self.failure_box.show()
+        else:
+            self.done.emit(0)  # cancelled
+
+
 def main(opts: argparse.Namespace) -> int:
     """Open the window, run the script (or the demo) if given, and return the exit code."""
     app = create_app()
     apply_theme(app, str(QSettings().value("view/theme", "system")))
+    if getattr(opts, "snapshot", None):
+        alone = SnapshotAlone(opts.snapshot)
+        alone.done.connect(app.exit)
+        code = app.exec()
+        alone.opener.shutdown()
+        return code
     source = InProcessSource(Session(), hz=opts.hz, lazy=True)
     window = MainWindow(source)
     window.show()
@@ -96,8 +140,6 @@ def main(opts: argparse.Namespace) -> int:
         if getattr(opts, "record", None):
             window.recordings.recorder.next_path = Path(opts.record).expanduser().resolve()
         window.load_script(script, list(opts.args), run=True, cwd=opts.cwd)
-    if getattr(opts, "snapshot", None):
-        window.snapshots.open(opts.snapshot)
     if opts.screenshot:
         screenshot_when_drawn(window, opts.screenshot, opts.screenshot_after)
     # Ctrl+C in the terminal closes the window cleanly instead of being ignored by Qt.

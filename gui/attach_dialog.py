@@ -36,6 +36,7 @@ from torchmem.transport.client import AttachError
 from torchmem.transport.ssh import SshHost, remote_processes
 from torchmem.units import format_bytes
 
+from .settings_values import string_list
 from .workers import start_in_thread, wait_thread
 
 COLUMNS = ("PID", "Agent", "Rank", "RSS", "GPU", "Command")
@@ -151,6 +152,7 @@ class AttachDialog(QDialog):
         self.resize(860, 420)
         self.chosen_pid: int | None = None
         self.chosen_host: SshHost | None = None
+        self._listed_host: str | None = None  # the machine the table lists
         self._settings = settings or QSettings()
         self.host_combo = QComboBox()
         self.host_combo.setEditable(True)
@@ -165,7 +167,7 @@ class AttachDialog(QDialog):
             "socket is forwarded over SSH. Type a host and press Enter to list it."
         )
         self.host_combo.activated.connect(self._on_host_chosen)
-        self.host_combo.lineEdit().returnPressed.connect(self._on_host_chosen)
+        self.host_combo.lineEdit().returnPressed.connect(self._on_return_in_host)
         self.command_edit = QLineEdit()
         self.command_edit.setPlaceholderText("torchmem, then python3 -m torchmem")
         self.command_edit.setToolTip(
@@ -186,7 +188,8 @@ class AttachDialog(QDialog):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeToContents)
         header.setSectionResizeMode(5, QHeaderView.Stretch)
-        self.table.doubleClicked.connect(self.accept)
+        # Return on a row, or a double-click (a single click where the platform says so).
+        self.table.activated.connect(self.accept)
         self.status = QLabel("Looking for processes…")
         self.status.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
@@ -230,14 +233,22 @@ class AttachDialog(QDialog):
         return "" if text in ("", THIS_MACHINE) else text
 
     def _recent_hosts(self) -> list[str]:
-        value = self._settings.value(RECENT_HOSTS, [])
-        hosts = [value] if isinstance(value, str) else list(value or [])
-        return [h for h in hosts if isinstance(h, str) and h][:MAX_RECENT]
+        return string_list(self._settings, RECENT_HOSTS)[:MAX_RECENT]
 
     def _remember(self, host: str, command: str) -> None:
         hosts = [host, *[h for h in self._recent_hosts() if h != host]][:MAX_RECENT]
         self._settings.setValue(RECENT_HOSTS, hosts)
         self._settings.setValue(f"attach/command/{host}", command)
+
+    @Slot()
+    def _on_return_in_host(self) -> None:
+        """Return in the machine field: attach to the selected process when the listing
+        is of the machine typed (Return attaches, as the OK button's shortcut); list a
+        newly typed machine otherwise."""
+        if self.host() == self._listed_host and self.attach_button.isEnabled():
+            self.accept()
+        else:
+            self._on_host_chosen()
 
     @Slot()
     def _on_host_chosen(self) -> None:
@@ -246,6 +257,7 @@ class AttachDialog(QDialog):
         if host and self.sender() is not self.command_edit:
             self.command_edit.setText(str(self._settings.value(f"attach/command/{host}", "")))
         self.model.set_rows([])
+        self._listed_host = None
         self.refresh()
 
     @Slot()
@@ -276,6 +288,7 @@ class AttachDialog(QDialog):
         selected = self.selected_pid()
         rows = sorted(rows, key=lambda r: (r.agent is None, r.pid))  # attachable ones first
         self.model.set_rows(rows)
+        self._listed_host = host
         agents = sum(1 for r in rows if r.agent)
         where = f" on {host}" if host else ""
         nothing = (

@@ -71,6 +71,7 @@ from .oom_dialog import OomDialog
 from .readings import ReadingsTable
 from .recordings import Recordings
 from .run_controller import RunController
+from .settings_values import string_list
 from .snapshot_window import SnapshotOpener
 from .status_bar import ElidingStatusBar
 from .tensor_panel import TensorPanel
@@ -86,6 +87,21 @@ UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
 # Bumped whenever docks are added or moved: a dock layout saved by an older version would
 # put new docks in odd places, so it is not restored.
 LAYOUT_VERSION = 4
+
+
+def shortcuts_table(window: QWidget) -> str:
+    """The shortcuts of ``window``'s actions as a rich-text table: a key column padded
+    from its description (the cells otherwise touch: "Ctrl+Shift+OOpen a snapshot")."""
+    rows = sorted(
+        (a.shortcut().toString(QKeySequence.NativeText), a.text().replace("&", ""))
+        for a in window.findChildren(QAction)
+        if not a.shortcut().isEmpty()
+    )
+    cells = "".join(
+        f"<tr><td style='padding-right:18px'><b>{key}</b></td><td>{what}</td></tr>"
+        for key, what in rows
+    )
+    return f"<table cellspacing='2'>{cells}</table>"
 
 
 class MainWindow(QMainWindow):
@@ -371,7 +387,7 @@ class MainWindow(QMainWindow):
         self.rate_spin.setValue(int(round(self.source.sampler.hz)))
         self.rate_spin.setToolTip("Sampling rate (1-100 Hz). Counters only: no device sync.")
         self.rate_spin.valueChanged.connect(self._set_rate)
-        self.mode_label = QLabel("⧉ separate process")
+        self.mode_label = QLabel("Separate process")
         self.mode_label.setToolTip(
             "Scripts run in a separate process (Run > Run in a separate process, remembered "
             "between launches). Uncheck it to run them in a background thread of this window."
@@ -483,13 +499,13 @@ class MainWindow(QMainWindow):
 
     def _refresh_recent(self) -> None:
         self.recent_menu.clear()
-        recent = [r for r in (self.settings.value("recent", []) or []) if Path(r).exists()]
+        recent = [r for r in string_list(self.settings, "recent") if Path(r).exists()]
         for entry in recent[:10]:
             self.recent_menu.addAction(entry, lambda p=entry: self.load_script(p, run=True))
         self.recent_menu.setEnabled(bool(recent))
 
     def _remember(self, script: str) -> None:
-        recent = [r for r in (self.settings.value("recent", []) or []) if r != script]
+        recent = [r for r in string_list(self.settings, "recent") if r != script]
         self.settings.setValue("recent", [script, *recent][:10])
         self._refresh_recent()
 
@@ -716,6 +732,9 @@ class MainWindow(QMainWindow):
     def abandon_run(self) -> None:
         """Let go of an in-process run that does not stop (see :attr:`stuck`)."""
         self.runs.abandon()
+        # The run has ended for this window: its recording too, with its summary (left
+        # open, it read back as "killed or crashed", 0 steps, at the window's close).
+        self.recordings.recorder.end_run()
         self.bridge.flush()
         self.update_actions()
 
@@ -943,7 +962,7 @@ class MainWindow(QMainWindow):
         """The status bar's mode label: a separate process, and the allocator settings."""
         conf = self.allocator_conf
         separate = self.act_isolated.isChecked() or bool(conf)
-        self.mode_label.setText("⧉ separate process" + (f" · {conf}" if conf else ""))
+        self.mode_label.setText("Separate process" + (f" · {conf}" if conf else ""))
         self.mode_label.setVisible(separate)
 
     def _on_command_result(self, event: CommandResult) -> None:
@@ -974,7 +993,8 @@ class MainWindow(QMainWindow):
             name = Path(started.script).name if started else Path(self.script or "").name
             self.banner.show_message(f"{name}: {event.message}", "error")
         elif event.status is RunStatus.STOPPED:
-            self.banner.show_message(f"Run {event.message}.", "info")
+            message = event.message[:1].upper() + event.message[1:]
+            self.banner.show_message(f"{message}.", "info")
 
     # -- commands -------------------------------------------------------------------------
     def run_command(self, name: str) -> None:
@@ -1101,13 +1121,7 @@ class MainWindow(QMainWindow):
 
     def show_shortcuts(self) -> None:
         """A dialog listing every shortcut."""
-        rows = [
-            f"<tr><td><b>{a.shortcut().toString(QKeySequence.NativeText)}</b></td>"
-            f"<td>{a.text().replace('&', '')}</td></tr>"
-            for a in self.findChildren(QAction)
-            if not a.shortcut().isEmpty()
-        ]
-        QMessageBox.information(self, "Keyboard shortcuts", f"<table>{''.join(rows)}</table>")
+        QMessageBox.information(self, "Keyboard shortcuts", shortcuts_table(self))
 
     def show_about(self) -> None:
         """Version and a one-line description."""

@@ -8,7 +8,14 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
-from torchmem.series import COUNT_METRICS, METRICS, in_scope, series_label, split_key
+from torchmem.series import (
+    COUNT_METRICS,
+    KERNEL_PEAK,
+    METRICS,
+    in_scope,
+    series_label,
+    split_key,
+)
 from torchmem.session import Session
 from torchmem.units import format_bytes, format_duration
 
@@ -74,7 +81,10 @@ class ReadingsTable(QTableWidget):
             self.horizontalHeaderItem(1).setText(header)
         grey = self.palette().color(QPalette.Disabled, QPalette.Text)
         normal = self.palette().color(QPalette.Text)
+        kernel = self.session.kernel_peaks()
         for key, (last, peak, when) in latest.items():
+            if split_key(key)[1] == KERNEL_PEAK:
+                continue  # it is the RSS row's peak where higher, not a row of its own
             row = self._rows.get(key)
             if row is None:
                 row = self._rows[key] = self.rowCount()
@@ -105,7 +115,14 @@ class ReadingsTable(QTableWidget):
                 now_item.setText(fmt(last))
                 now_item.setForeground(normal)
                 now_item.setToolTip("")
-            self.item(row, 2).setText(fmt(peak) if math.isfinite(peak) else "–")
+            peak_item = self.item(row, 2)
+            peak_item.setText(fmt(peak) if math.isfinite(peak) else "–")
+            peak_item.setToolTip(
+                "The kernel's high-water mark (VmHWM): higher than every sample, as a burst "
+                "between two samples was"
+                if key in kernel
+                else ""
+            )
             device = split_key(key)[0]
             scope, _, bare = device.rpartition("/")  # "rank1/cuda:0" in a job
             if bare == "system":

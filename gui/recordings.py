@@ -137,8 +137,10 @@ class Recordings(QObject):
         created = str(meta.get("created", ""))[:19].replace("T", " ")
         w.setWindowTitle(f"{name} (recorded {created}) – torchmem")
         ended = recorded_summary(recording)["message"]
+        # A detach ends the recording, not the process: no end to report, and no crash.
+        detached = bool(meta.get("detached")) and recording.ended is None
         if recording.ended is None:
-            w.run_label.setText("Recording interrupted")
+            w.run_label.setText("Detached" if detached else "Recording interrupted")
             w.run_label.setToolTip(ended)
         w.window_combo.setCurrentIndex(w.window_combo.findData(None))
         w.statusBar().showMessage(
@@ -148,7 +150,7 @@ class Recordings(QObject):
         )
         if recording.problems:
             w.show_error(f"{Path(path).name}: " + "; ".join(recording.problems), "warning")
-        elif recording.ended is None:
+        elif recording.ended is None and not detached:
             w.banner.show_message(f"{name}: {ended}", "warning")
         w.update_actions()
         return True

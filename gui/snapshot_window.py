@@ -395,6 +395,9 @@ class SnapshotOpener(QObject):
 
     opened = Signal(object)  # the SnapshotWindow
     failed = Signal(str)
+    #: A reading ended: True when it opened a window (or compared), False when it failed
+    #: or was cancelled.
+    ended = Signal(bool)
 
     def __init__(self, parent: QWidget) -> None:
         super().__init__(parent)
@@ -459,6 +462,7 @@ class SnapshotOpener(QObject):
             self.windows.append(window)
             window.show()
             self.opened.emit(window)
+        self.ended.emit(index is not None)
 
     def shutdown(self, timeout_ms: int = 5000) -> bool:
         """Cancel a reading in progress and wait for its thread."""

@@ -8,6 +8,7 @@ and the view gets the rows a chunk at a time.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from PySide6.QtCore import (
@@ -45,6 +46,17 @@ CHUNK = 1000
 
 def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(n) for n in shape) + "]"
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[str | int, ...]:
+    """A sort key that reads the numbers in a name as numbers: ``model.8`` before
+    ``model.13``, ``layers.2.attn`` before ``layers.10.attn``; case ignored. Text and
+    numbers alternate from a text part, so any two keys compare part by part."""
+    parts = _DIGITS.split(name.lower())
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
 
 
 class TensorModel(QAbstractItemModel):
@@ -150,7 +162,7 @@ class TensorModel(QAbstractItemModel):
         column, order = self._sort
         reverse = order == Qt.DescendingOrder
         keys = {
-            0: lambda s: s.name.lower(),
+            0: lambda s: natural_key(s.name),
             1: lambda s: s.kind,
             2: lambda s: s.nbytes,
             3: lambda s: s.tensors[0].numel if s.tensors else 0,

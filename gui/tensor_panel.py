@@ -70,10 +70,17 @@ class TensorPanel(QWidget):
         self.filter_edit.setPlaceholderText("Filter: name, dtype, device, shape, kind (all words)")
         self.filter_edit.setClearButtonEnabled(True)
         self.filter_edit.textChanged.connect(self.model.set_filter_text)
+        # How many storages the filter lets through: an empty table under a header that
+        # says "4.15 MiB in 11" must say why.
+        self.match_label = QLabel()
+        self.match_label.setToolTip("Storages that match every word of the filter")
+        self.filter_edit.textChanged.connect(self._update_matches)
+        self.model.modelReset.connect(self._update_matches)
         top = QHBoxLayout()
         top.addWidget(self.refresh_button)
         top.addWidget(self.auto_check)
         top.addWidget(self.filter_edit, 1)
+        top.addWidget(self.match_label)
 
         # One line of totals above the table, the full breakdown on demand: the table
         # needs the height (at the default size the header once left it 3.5 rows).
@@ -115,8 +122,20 @@ class TensorPanel(QWidget):
         layout.addWidget(self.changes)
         layout.addWidget(self.view, 1)
 
+    @Slot()
+    def _update_matches(self) -> None:
+        census = self.model.census
+        if not self.filter_edit.text().strip() or census is None:
+            self.match_label.setText("")
+            return
+        shown, total = self.model.matching(), len(census.storages)
+        text = f"{shown:,} of {total:,} storages match"
+        self.match_label.setText(text if shown else f"<span style='color:#c0392b'>{text}</span>")
+
     def clear(self) -> None:
-        """Forget the shown census (a new run)."""
+        """Forget the shown census and the filter (a new run or attach: a filter typed for
+        the last one would hide the new one's rows)."""
+        self.filter_edit.clear()
         self._shown = None
         self.model.set_census(None)
         self.headline.setText(NO_CENSUS)

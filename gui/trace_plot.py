@@ -17,6 +17,7 @@ from torchmem.events import Marker, MarkerKind, Severity
 from torchmem.series import (
     COUNT_METRICS,
     METRICS,
+    Metric,
     in_scope,
     series_label,
     split_key,
@@ -39,7 +40,7 @@ COLORS = {
     "children": "#bc5090",
 }
 DASHED = {"peak_allocated", "available", "heap_free"}
-HIDDEN_BY_DEFAULT = {"available", "heap_free"}
+HIDDEN_BY_DEFAULT = {"available", "heap_free", "rss_peak"}
 MARKER_COLORS = {MarkerKind.EPOCH: "#e377c2", MarkerKind.USER: "#bcbd22"}
 MAX_STEP_TICKS = 400
 #: The legend's columns when the width allows (fewer in a narrow window).
@@ -109,6 +110,9 @@ def _discard(item: pg.GraphicsObject) -> None:
             view.removeItem(item)
     item.deleteLater()
 
+
+#: What a metric not in METRICS is: read at every sample.
+DENSE = Metric("", "")
 
 class TracePlot(pg.GraphicsLayoutWidget):
     """Accelerator and host memory plots over a step strip, sharing one X axis."""
@@ -236,8 +240,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
             raise ValueError(mode)
         self.x_mode = mode
         self._update_x_label()
-        for line in self._crosshairs:  # its x was in the other unit
-            line.setVisible(False)
+        self.clear_readout()  # its x was in the other unit ("t = ..." in step mode)
         for marker, lines in self._marker_lines:
             self._place_marker(marker, lines)
         self.refresh(force=True)
@@ -308,6 +311,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self._curves.clear()
         self._xy.clear()
         self._drawn.clear()
+        self.clear_readout()  # it read the last run (an attach showed its "t = 22.3 s")
         for _, lines in self._marker_lines:
             for line in lines:
                 _discard(line)
@@ -579,13 +583,23 @@ class TracePlot(pg.GraphicsLayoutWidget):
     # -- hover readout --------------------------------------------------------------------
     def value_at(self, key: str, x: float) -> float | None:
         """Value of a series at the sample nearest to ``x`` (in current X units)."""
+        found = self._nearest(key, x)
+        return found[1] if found is not None else None
+
+    def _nearest(self, key: str, x: float) -> tuple[float, float] | None:
+        """(x, value) of a series' sample nearest to ``x``; for a series read less often
+        (drawn as held steps), the reading held at ``x``: the last one at or before it.
+        None for an empty series."""
         xs, vs = self._xy.get(key, (np.empty(0), np.empty(0)))
         if not len(xs):
             return None
+        if METRICS.get(split_key(key)[1], DENSE).sparse:
+            i = max(int(np.searchsorted(xs, x, side="right")) - 1, 0)
+            return float(xs[i]), float(vs[i])
         i = int(np.clip(np.searchsorted(xs, x), 0, len(xs) - 1))
         if i > 0 and abs(xs[i - 1] - x) < abs(xs[i] - x):
             i -= 1
-        return float(vs[i])
+        return float(xs[i]), float(vs[i])
 
     def _hover(self, event: tuple[QPointF]) -> None:
         pos = event[0]
@@ -605,21 +619,44 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.show_readout(x)
 
     def show_readout(self, x: float) -> str:
-        """Put the crosshair at ``x`` and list every visible series' value there."""
+        """Put the crosshair at ``x`` and list every visible series' value there.
+
+        Values are those of one moment: the sample of the densest series nearest to
+        ``x``. A series read less often (USS, every 2 s) whose nearest reading is of
+        another moment says when it was read, so that an RSS is never shown beside a
+        USS of another time as if they belonged together."""
         for line in self._crosshairs:
             line.setValue(x)
             line.setVisible(True)
-        head = f"t = {x:,.1f} s" if self.x_mode == "time" else f"step {x:,.1f}"
+        shown = [(k, c) for k, c in self._curves.items() if c.isVisible()]
+        densest = max(shown, key=lambda kc: len(self._xy.get(kc[0], ((),))[0]), default=None)
+        moment = self._nearest(densest[0], x) if densest is not None else None
+        at = moment[0] if moment is not None else x
+        head = f"t = {at:,.1f} s" if self.x_mode == "time" else f"step {at:,.1f}"
         parts = [f"<b>{head}</b>"]
-        for key, curve in self._curves.items():
-            if not curve.isVisible():
+        for key, _ in shown:
+            found = self._nearest(key, at)
+            if found is None:
                 continue
-            value = self.value_at(key, x)
-            if value is not None:
-                color = series_color(key).name()
-                parts.append(
-                    f"<span style='color:{color}'>{series_label(key)}</span> {format_bytes(value)}"
-                )
+            when, value = found
+            color = series_color(key).name()
+            part = f"<span style='color:{color}'>{series_label(key)}</span> {format_bytes(value)}"
+            if abs(when - at) > 1e-9:
+                part += f" <i>({self._moment_text(when, at)})</i>"
+            parts.append(part)
         text = " &nbsp;·&nbsp; ".join(parts)
         self.readout.setText(text, color=self.palette().color(QPalette.Text).name())
         return text
+
+    def _moment_text(self, when: float, at: float) -> str:
+        """When a reading of another moment was taken: ``read 1.8 s before``, ``at step 12``."""
+        if self.x_mode != "time":
+            return f"at step {when:,.1f}"
+        gap = at - when
+        return f"read {abs(gap):,.1f} s {'before' if gap > 0 else 'after'}"
+
+    def clear_readout(self) -> None:
+        """Hide the crosshair and empty the readout: what it said belongs to other data."""
+        for line in self._crosshairs:
+            line.setVisible(False)
+        self.readout.setText("")

@@ -146,7 +146,10 @@ class TunePanel(JobPanel):
         self._build_plot()
         self._build_table()
         self._layout()
-        self._update_buttons()
+        self.budget_edit.editingFinished.connect(self._redraw_empty)
+        self.min_spin.valueChanged.connect(self._redraw_empty)
+        self.max_spin.valueChanged.connect(self._redraw_empty)
+        self._redraw()
 
     # -- construction -------------------------------------------------------------------------
     def _build_form(self) -> None:
@@ -558,10 +561,27 @@ class TunePanel(JobPanel):
             self.table.setItem(row, col, cell)
         self.table.scrollToBottom()
 
+    def _form_budget(self) -> int | None:
+        """The budget the form names, in bytes; None while it names none."""
+        try:
+            return budget_bytes(self.budget_edit.text().strip(), self.device_combo.currentText())
+        except (TuneError, ValueError):
+            return None
+
+    @Slot()
+    def _redraw_empty(self) -> None:
+        """Before a search, the axes show the form's range and budget."""
+        if not self.trials and not self.running:
+            self._redraw()
+
     def _redraw(self) -> None:
         plan = self.plan
-        unit = auto_unit(plan.budget_bytes) if plan else "MiB"
+        budget = plan.budget_bytes if plan else self._form_budget()
+        unit = auto_unit(budget) if budget else "MiB"
         scale = UNITS[unit]
+        if not self.trials:
+            # No trials yet: from zero to the budget, not pyqtgraph's -0.4...0.4.
+            self.plot.getPlotItem().setYRange(0, (budget or 1 << 30) * 1.05 / scale)
         self.plot.getPlotItem().setLabel("left", f"peak memory ({unit})")
         ok = [t for t in self.trials if t.ok and t.peak_bytes is not None]
         bad = [t for t in self.trials if not t.ok or t.peak_bytes is None]
@@ -602,7 +622,7 @@ class TunePanel(JobPanel):
         sizes = [t.batch_size for t in self.trials] + (
             [result.predicted] if result and result.predicted else []
         )
-        hi = max([*sizes, 2]) if sizes else self.max_spin.value()
+        hi = max([*sizes, 2]) if sizes else max(self.max_spin.value(), 2)
         lo = min([*sizes, self.min_spin.value()])
         ticks = [(k, f"{2**k:,}") for k in range(int(math.log2(lo)), int(math.log2(hi)) + 2)]
         self.plot.getPlotItem().getAxis("bottom").setTicks([ticks])

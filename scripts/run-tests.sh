@@ -6,5 +6,10 @@ cd "$(dirname "$0")/.."
 export QT_QPA_PLATFORM=offscreen
 .venv/bin/ruff check .
 .venv/bin/lint-imports
-# The slowest tests are listed at the end: what to look at when CI creeps up.
-exec .venv/bin/python -m pytest --durations=20 "$@"
+# The slowest tests are listed at the end: what to look at when CI creeps up. Two workers
+# (TORCHMEM_TEST_WORKERS, 0 for none), each taking whole modules (--dist loadscope), so
+# that a module's fixtures (an sshd cluster, a leak corpus) start once.
+workers=${TORCHMEM_TEST_WORKERS:-2}
+parallel=()
+[ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadscope)
+exec .venv/bin/python -m pytest --durations=20 "${parallel[@]}" "$@"

@@ -35,6 +35,35 @@ def _private_sessions(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TORCHMEM_SESSIONS_DIR", str(tmp_path_factory.mktemp("sessions")))
 
 
+#: Commands that libraries run to learn about the system, not the test's own processes.
+INTROSPECTION = frozenset({"uname", "ldconfig", "gcc", "cc", "ld", "objdump", "lsb_release"})
+
+
+@pytest.fixture(autouse=True)
+def _slow_marker_is_true(request, monkeypatch):
+    """Fail a test that starts a process without the ``slow`` mark, so that
+    ``pytest -m "not slow"`` stays the fast loop it says it is (every child process the
+    app starts goes through :class:`subprocess.Popen`)."""
+    import subprocess
+
+    started: list[str] = []
+    base = subprocess.Popen._execute_child
+
+    def execute_child(self, args, *rest, **kwargs):
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        # Libraries asking the system about itself once (platform's `uname -p`, ctypes'
+        # `ldconfig -p`) are not processes of the test's: whichever test asks first would
+        # otherwise need the mark.
+        if Path(str(argv[0]).split()[0]).name not in INTROSPECTION:
+            started.append(" ".join(map(str, argv))[:120])
+        return base(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", execute_child)
+    yield
+    if started and request.node.get_closest_marker("slow") is None:
+        pytest.fail(f"starts a process ({started[0]!r}) but is not marked slow", pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _no_dangling_threads(request, monkeypatch):
     """Fail any test that leaves a QThread or a torchmem thread running."""

@@ -21,6 +21,9 @@ from torchmem.sources.remote import RemoteSource
 from torchmem.transport.client import AttachError
 from torchmem.transport.discovery import find_agent, list_agents
 
+# Starts torchmem, agent or training processes (conftest checks the mark).
+pytestmark = pytest.mark.slow
+
 
 def start(args, env=None):
     """A child python process; its stdout is a pipe we read lines from."""

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 from conftest import SCRIPTS
+from PySide6.QtCore import Qt
 from test_agent import start, wait_for_agent
 from test_gui import RUN_TIMEOUT_MS, finish, log_text
 
 from torchmem.events import RunStatus
 from torchmem.gui.attach_dialog import AttachDialog, ProcessModel
+
+# Starts torchmem, agent or training processes (conftest checks the mark).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -81,7 +85,13 @@ def test_detach_leaves_the_process_running(qtbot, make_window, served_proc):
     window.recordings.recorder.wait_closed()
     (entry,) = list_sessions(sessions_dir())
     assert entry.status == "detached"
-    assert recorded_summary(load(entry.path))["steps"] >= 3
+    data = recorded_summary(load(entry.path))
+    assert data["steps"] >= 3 and "detached" in data["message"]
+    # Reopened in the window: a detach, not "killed or crashed ... stopped from outside".
+    assert window.recordings.open(str(entry.path))
+    shown = window.run_label.text() + window.run_label.toolTip() + window.banner.text()
+    assert "Detached" in window.run_label.text(), shown
+    assert "killed" not in shown and "from outside" not in shown
 
 
 def test_attach_without_agent_watches_from_outside_and_says_what_is_missing(
@@ -165,6 +175,22 @@ def test_isolated_run_stops_on_request(qtbot, make_window, script_path, runtime_
     window.stop()
     result = finish(qtbot, window)
     assert result.status is RunStatus.STOPPED and result.exit_code == 130
+
+
+def test_a_separate_process_blocked_in_sleep_is_stopped_and_says_so(
+    qtbot, make_window, script_path, runtime_dir
+):
+    window = make_window()
+    window.act_isolated.setChecked(True)
+    window.load_script(script_path("blocked_in_c.py"), ["60"], run=True)
+    qtbot.waitUntil(lambda: "blocked now" in log_text(window), timeout=RUN_TIMEOUT_MS)
+    window.stop()
+    result = finish(qtbot, window)
+    assert result.status is RunStatus.STOPPED
+    # Not "Run the process was killed by SIGTERM.": who stopped it, how, and why.
+    assert result.message.startswith("stopped by the user: ended by SIG"), result.message
+    assert window.banner.text().startswith("Stopped by the user: ended by SIG")
+    assert "7 s" in window.act_stop.toolTip(), "the tooltip says how long it may take"
 
 
 def test_attach_dialog_lists_agents(qtbot, served_proc, qtmodeltester):
@@ -303,3 +329,19 @@ def test_a_node_that_stops_reporting_is_said_once_and_reconnect_attaches_again(
     attaching.on_run_ended()
     qtbot.waitUntil(lambda: bool(again))
     assert again == [(None, {"hosts": Job.hosts})]
+
+
+def test_return_in_the_attach_dialog_attaches_to_the_selected_process(qtbot, served_proc):
+    from PySide6.QtWidgets import QDialog
+
+    for where in ("machine field", "table"):
+        dialog = AttachDialog()
+        qtbot.addWidget(dialog)
+        dialog.show()
+        qtbot.waitUntil(lambda d=dialog: d.selected_pid() is not None, timeout=20_000)
+        row = next(i for i, r in enumerate(dialog.model.rows) if r.pid == served_proc.pid)
+        dialog.table.selectRow(row)
+        target = dialog.host_combo.lineEdit() if where == "machine field" else dialog.table
+        qtbot.keyClick(target, Qt.Key_Return)
+        assert dialog.result() == QDialog.Accepted, where
+        assert dialog.chosen_pid == served_proc.pid

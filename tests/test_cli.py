@@ -13,6 +13,9 @@ from helpers import check_summary
 from torchmem.cli.main import gui_parser, main
 from torchmem.resources import demo_script
 
+# Starts torchmem, agent or training processes (conftest checks the mark).
+pytestmark = pytest.mark.slow
+
 
 def torchmem(*args, timeout=240):
     return subprocess.run(
@@ -172,3 +175,49 @@ def test_a_census_that_fails_at_a_step_boundary_never_ends_the_script():
     notes = [line for line in proc.stderr.splitlines() if "a census failed" in line]
     assert len(notes) == 1 and "module whose children() raises" in notes[0], proc.stderr
     assert "without automatic censuses for this run" in notes[0]
+
+
+def _marker_script(tmp_path):
+    """A script that leaves a file behind when it runs."""
+    script = tmp_path / "marks.py"
+    script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    return str(script)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--cwd", "/nonexist"], "torchmem run: --cwd /nonexist: no such folder"),
+        (["run", "--summary", "/nonexist/dir/x.json"], "no such folder: /nonexist/dir"),
+        (["run", "--record", "{script}"], "already exists; choose a new file"),
+        (["run", "--summary", "{tmp}"], "is a folder; give a file name"),
+        (["tune", "--budget", "1GiB", "--summary", "/nonexist/t.json"], "no such folder"),
+        (["tune", "--budget", "1GiB", "--cwd", "{script}"], "--cwd {script}: not a folder"),
+    ],
+)
+def test_run_and_tune_check_their_paths_before_any_work(tmp_path, capsys, args, message):
+    script = _marker_script(tmp_path)
+    fill = lambda text: text.format(script=script, tmp=tmp_path)  # noqa: E731
+    with pytest.raises(SystemExit) as ended:
+        main([*map(fill, args), script])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and fill(message) in err
+    assert err.count("\n") == 1, "one line, not a usage and a traceback"
+    assert not (tmp_path / "ran").exists(), "the script must not have run"
+
+
+def test_report_and_sessions_name_a_wrong_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["report", str(tmp_path)])
+    assert ended.value.code == 2
+    assert f"`torchmem sessions --dir {tmp_path}`" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ended:
+        main(["sessions", "--dir", str(tmp_path / "nowhere")])
+    assert ended.value.code == 2 and "no such folder" in capsys.readouterr().err
+
+
+def test_snapshot_help_describes_its_three_forms(capsys):
+    assert main(["snapshot", "--help"]) == 0
+    out = capsys.readouterr().out
+    for form in ("snapshot FILE", "snapshot info FILE", "snapshot diff A B"):
+        assert f"torchmem {form}" in out

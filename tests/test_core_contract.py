@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, SCRIPTS
+
+# Starts torchmem, agent or training processes (conftest checks the mark).
+pytestmark = pytest.mark.slow
 
 QT = ("PySide6", "pyqtgraph", "shiboken6", "superqt")
 

@@ -16,6 +16,9 @@ from torchmem.lab.measure import Job, measure
 from torchmem.lab.ops import ExpressionError, expression
 from torchmem.lab.runner import LabCancelled, run_lab
 
+# Starts torchmem, agent or training processes (conftest checks the mark).
+pytestmark = pytest.mark.slow
+
 N = 256
 FLOAT32 = 4
 
@@ -215,3 +218,16 @@ def test_measuring_in_process_leaves_no_tensor_behind():
     for op in ("torch.sigmoid(a) * b", "checkpoint(lambda a, b: torch.sigmoid(a) * b, a, b)"):
         assert measure(Job(op, 64, grad=True, repeats=1)).saved
     assert alive() == before
+
+
+@pytest.mark.parametrize("where", [[], ["--in-process"]])
+def test_an_expression_that_prints_never_breaks_the_rows(where):
+    # The worker's rows are a stream of their own: a print in the expression once landed
+    # inside it ("the lab failed: JSONDecodeError").
+    r = lab("--ops", "add", "--expr", 'print("hello") or a', "--sizes", "8", "--json",
+            "--repeats", "1", *where)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["op"] for row in rows] == ["add", 'print("hello") or a']
+    assert not any(row["error"] for row in rows)
+    assert rows[1]["result_bytes"] == 0, "the expression returns a: nothing new"

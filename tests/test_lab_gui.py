@@ -21,6 +21,7 @@ def panel(qtbot):
     assert panel.shutdown()
 
 
+@pytest.mark.slow
 def test_a_run_fills_table_and_plots_row_by_row_and_exports(qtbot, panel, tmp_path):
     panel.set_ops(["add", "add_", "view", "matmul"])
     panel.expr_edit.setText("torch.sigmoid(a) * b")
@@ -86,6 +87,7 @@ def test_bad_input_is_said_in_red_and_starts_nothing(qtbot, panel, sizes, expres
     assert not panel.running and panel.run_button.isEnabled()
 
 
+@pytest.mark.slow
 def test_cancel_ends_the_measurement_in_flight_and_leaves_the_panel_usable(qtbot, panel):
     me = psutil.Process()
 
@@ -105,6 +107,7 @@ def test_cancel_ends_the_measurement_in_flight_and_leaves_the_panel_usable(qtbot
     assert panel.run_button.isEnabled() and panel.sizes_edit.isEnabled()
 
 
+@pytest.mark.slow
 def test_the_window_opens_the_lab_from_the_memory_menu(qtbot, make_window):
     window = make_window()
     window.act_lab.trigger()  # Memory > Memory lab… (Ctrl+L)

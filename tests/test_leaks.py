@@ -236,6 +236,7 @@ def test_slow_heap_readings_that_never_end_are_given_up_before_the_loop_too(monk
     assert seen.count(True) == HEAP_SLOW_STREAK_BEFORE_LOOP - 1 and not seen[-1]
 
 
+@pytest.mark.slow
 def test_a_recorded_run_nets_its_rss_from_the_first_step_to_the_last(tmp_path):
     """End to end, as `torchmem run` runs a script: the free bytes come with every step
     boundary (the detector nets RSS with them), through the import and to the end."""
@@ -312,3 +313,18 @@ def test_workers_restarted_each_epoch_keep_the_alert_until_the_copies_are_releas
     # Then the dataset becomes numpy: the workers hold little, for 15 readings.
     feed_children(detector, [18.0] * 16, t0=100.0, step0=2000)
     assert alerts[-1].state == "resolved" and "released" in alerts[-1].message
+
+
+def test_alerts_are_listed_newest_raised_first_whatever_updates_them():
+    from torchmem.events import AlertKind, AlertState, Severity
+
+    def alert(t, key, step):
+        return Alert(t, key, AlertKind.LEAK, Severity.WARNING, AlertState.ACTIVE, key,
+                     1, step, "grows", "fix it", raised_step=1)  # fmt: skip
+
+    session = Session()
+    session.submit(alert(1.0, "leak:a", 1))
+    session.submit(alert(2.0, "leak:b", 1))
+    session.submit(alert(3.0, "leak:a", 2))  # the older leak's update, a step later
+    assert [a.key for a in session.alert_list()] == ["leak:b", "leak:a"]
+    assert session.alert_list()[1].step == 2, "the latest state of each"

@@ -407,6 +407,7 @@ def _drain(sock, timeout):
     assert time.monotonic() - started < timeout, "the agent left a connection hanging"
 
 
+@pytest.mark.slow
 def test_fuzz_ten_thousand_frames_against_a_live_agent(runtime_dir):
     proc = start([str(SCRIPTS / "served_train.py"), "--sleep", "0.01"])
     entry = wait_for_agent(proc)

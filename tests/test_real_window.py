@@ -63,3 +63,20 @@ def test_demo_in_a_real_window_draws_and_is_screenshotted(display, tmp_path):
     keep = os.environ.get("TORCHMEM_SCREENSHOT_DIR")
     if keep:
         shutil.copy(shot, os.path.join(keep, "screenshot.png"))
+
+
+def test_a_display_that_does_not_answer_is_one_line_not_an_abort(display):
+    from torchmem.cli.display import display_problem, x_display_answers
+
+    assert x_display_answers(display) is True, "the virtual screen answers"
+    silent = next(f":{n}" for n in range(55, 200) if not os.path.exists(f"/tmp/.X11-unix/X{n}"))
+    assert x_display_answers(silent) is False
+    env = {k: v for k, v in os.environ.items() if k not in ("QT_QPA_PLATFORM", "WAYLAND_DISPLAY")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchmem", "--demo"],
+        capture_output=True, text=True, timeout=120, env={**env, "DISPLAY": silent},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"the display {silent} does not answer" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "libxcb-cursor0" not in proc.stderr
+    assert display_problem({"DISPLAY": silent, "QT_QPA_PLATFORM": "offscreen"}) is None

@@ -36,7 +36,7 @@ def test_a_run_ends_with_ended_and_a_queued_rerun_follows(qtbot, runs, script_pa
 
 def test_a_stuck_run_is_signalled_and_abandoning_frees_the_controller(qtbot, runs, script_path):
     runs.stuck_after_ms = 300
-    runs.start_script(script_path("blocked_in_c.py"), ["12"], None, isolated=False)
+    runs.start_script(script_path("blocked_in_c.py"), ["4"], None, isolated=False)
     qtbot.waitUntil(
         lambda: any("blocked now" in r.text for r in runs.session.logs), timeout=TIMEOUT_MS
     )
@@ -57,7 +57,7 @@ def test_a_stuck_run_is_signalled_and_abandoning_frees_the_controller(qtbot, run
 
 def test_a_timer_that_wakes_early_still_detects_a_stuck_run(qtbot, runs, script_path):
     runs.stuck_after_ms = 400
-    runs.start_script(script_path("blocked_in_c.py"), ["8"], None, isolated=False)
+    runs.start_script(script_path("blocked_in_c.py"), ["4"], None, isolated=False)
     qtbot.waitUntil(
         lambda: any("blocked now" in r.text for r in runs.session.logs), timeout=TIMEOUT_MS
     )

@@ -283,3 +283,41 @@ def test_one_classifier_says_out_of_memory_for_every_backend():
         assert "smaller batch size" in message
     status, _, message = classify_exception(KeyError("x"))
     assert status is RunStatus.FAILED and message == "raised KeyError: 'x'"
+
+
+def test_each_run_in_this_process_starts_from_its_own_baseline(script_path):
+    """The window runs scripts in its own process: what a run freed goes back to the
+    system at its end (glibc kept it: a second run started 1.6 GiB higher), the C heap
+    is read afresh, and the kernel's peak RSS is the run's own."""
+    import gc
+
+    import psutil
+
+    from torchmem.probe.backends import ProcessBackend
+    from torchmem.sources.base import Script
+    from torchmem.sources.inprocess import InProcessSource
+
+    MiB = 1 << 20
+    me = psutil.Process()
+    source = InProcessSource(Session(), [ProcessBackend()])
+
+    def run(name: str) -> RunFinished:
+        done: list[RunFinished] = []
+        worker = threading.Thread(  # as the window does: not the main thread's arena
+            target=lambda: done.append(source.run_script(Script(script_path(name), ())))
+        )
+        worker.start()
+        worker.join()
+        gc.collect()
+        return done[0]
+
+    assert run("ok_print.py").status is RunStatus.FINISHED  # torch and the sampler loaded
+    baseline = me.memory_info().rss
+    for _ in range(2):  # glibc's choice of arena varies: twice, each from the baseline
+        assert run("heap_churn.py").status is RunStatus.FINISHED, source.session.logs
+        latest = source.session.latest()
+        # Its peak is its own (VmHWM restarted at its start), with the tensors it held.
+        assert latest["cpu/rss"][1] >= baseline + 80 * MiB
+        assert "cpu/heap_free" in latest, "the heap is read in every run"
+        left = me.memory_info().rss - baseline
+        assert left < 60 * MiB, f"the run left {left / MiB:.0f} MiB"

@@ -7,6 +7,7 @@ import threading
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from torchmem.probe.backends import (
     MemoryBackend,
@@ -167,6 +168,7 @@ def test_discovery_on_this_machine_has_host_memory():
     assert kinds[0] == "cpu"
 
 
+@pytest.mark.slow
 def test_rss_comes_from_a_kept_open_statm_and_a_dead_process_still_says_so():
     import subprocess
     import sys
@@ -189,6 +191,7 @@ def test_rss_comes_from_a_kept_open_statm_and_a_dead_process_still_says_so():
         other.read({}, full=False)
 
 
+@pytest.mark.slow
 def test_the_workers_memory_is_what_they_hold_alone_and_helpers_are_not_workers():
     """Forked workers (as a DataLoader's) are read as the sum of their USS: the 40 MiB
     each one writes count, the parent's pages they share do not. A process torchmem
@@ -243,3 +246,31 @@ def test_the_child_processes_series_reads_zero_once_when_they_are_gone(monkeypat
         backend.read(out, full=True)
         readings.append(out.get("cpu/children"))
     assert readings == [None, 90 << 20, 0.0, None]
+
+
+def test_a_burst_between_two_samples_is_the_rss_peak_from_the_kernel():
+    from torchmem.events import Sample
+    from torchmem.probe.backends import reset_peak_rss
+    from torchmem.session import Session
+
+    backend = ProcessBackend()
+    assert reset_peak_rss(), "Linux 4.0 or later resets VmHWM"
+    before: dict[str, float] = {}
+    backend.read(before)
+    burst = b"\x01" * (200 << 20)  # written, so resident: 200 MiB between two samples
+    del burst
+    after: dict[str, float] = {}
+    backend.read(after)
+    MiB = 1 << 20
+    assert after["cpu/rss_peak"] >= before["cpu/rss"] + 190 * MiB
+    assert after["cpu/rss"] < before["cpu/rss"] + 100 * MiB, "the burst was given back"
+    session = Session()
+    session.submit(Sample(0.0, before))
+    session.submit(Sample(0.1, after))
+    sampled = max(before["cpu/rss"], after["cpu/rss"])
+    assert session.latest()["cpu/rss"][1] == after["cpu/rss_peak"] > sampled
+    assert session.kernel_peaks() == {"cpu/rss": after["cpu/rss_peak"]}
+    assert session.peak_bytes()["cpu_rss"] == after["cpu/rss_peak"]
+    # A job's total is a sum of processes: the sum of their peaks is not its peak.
+    session.submit(Sample(0.2, {"total/cpu/rss": 1.0, "total/cpu/rss_peak": 5.0}))
+    assert session.latest()["total/cpu/rss"][1] == 1.0

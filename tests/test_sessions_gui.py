@@ -133,6 +133,7 @@ def test_the_shown_run_exports_as_csv_png_svg_and_json(qtbot, recorded, tmp_path
     assert "Cannot export" in window.banner.text()
 
 
+@pytest.mark.slow
 def test_allocator_settings_reach_a_separate_process_and_its_recording(
     qtbot, make_window, tmp_path, monkeypatch
 ):
@@ -155,7 +156,7 @@ def test_allocator_settings_reach_a_separate_process_and_its_recording(
     assert window.allocator_conf == ""
     window.edit_allocator_settings()
     assert window.allocator_conf == "expandable_segments:True"
-    assert window.mode_label.text() == "⧉ separate process · expandable_segments:True"
+    assert window.mode_label.text() == "Separate process · expandable_segments:True"
     window.load_script(str(script), [], run=True)
     qtbot.waitUntil(
         lambda: window.last_result is not None and not window.running, timeout=RUN_TIMEOUT_MS
@@ -208,6 +209,7 @@ def test_record_names_the_file_of_the_next_run_even_with_recording_off(
     assert list_sessions(sessions_dir()) == []
 
 
+@pytest.mark.slow
 def test_record_on_the_command_line_is_checked_before_a_window_opens(tmp_path):
     import subprocess
     import sys

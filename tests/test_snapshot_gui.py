@@ -10,6 +10,9 @@ from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QPushButton
 from snapshot_files import MiB, random_snapshot, small_snapshot, write
 
+# Starts torchmem, agent or training processes (conftest checks the mark).
+pytestmark = pytest.mark.slow
+
 OPEN_TIMEOUT_MS = 60_000
 
 
@@ -128,3 +131,30 @@ def test_without_segment_events_the_segments_tab_says_why(opened):
     _, snap = opened
     assert snap.segment_map._stack.currentWidget() is snap.segment_map.message
     assert "records no segment events" in snap.segment_map.message.text()
+
+
+def test_the_snapshot_command_opens_its_window_alone(qtbot, tmp_path):
+    # `torchmem snapshot FILE`: the Snapshot window, not an empty main window behind it.
+    from PySide6.QtWidgets import QApplication
+
+    from torchmem.gui.app import SnapshotAlone
+    from torchmem.gui.main_window import MainWindow
+
+    alone = SnapshotAlone(str(write(tmp_path / "alone.pickle", small_snapshot())))
+    with qtbot.waitSignal(alone.opener.opened, timeout=OPEN_TIMEOUT_MS) as signal:
+        pass
+    snap = signal.args[0]
+    qtbot.addWidget(snap)
+    shown = [w for w in QApplication.topLevelWidgets() if w.isVisible()]
+    assert snap in shown and not any(isinstance(w, MainWindow) for w in shown)
+    assert "peak active 13.50 MiB" in snap.facts.text()
+    # A file that is no snapshot: its reason in a message box, no window.
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(b"not a pickle")
+    failed = SnapshotAlone(str(bad))
+    qtbot.waitUntil(lambda: failed.failure_box is not None and failed.failure_box.isVisible(),
+                    timeout=OPEN_TIMEOUT_MS)  # fmt: skip
+    assert "not a pickle" in failed.failure_box.text() and not failed.opener.windows
+    with qtbot.waitSignal(failed.done) as done:
+        failed.failure_box.close()
+    assert done.args == [1], "the command exits 1 once the reason is read"

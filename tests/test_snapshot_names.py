@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from snapshot_files import ACTIVATION, GRADIENT, PARAM, MiB, alloc, frames, free, segment, write
 
 from torchmem.events import CensusTaken
@@ -95,6 +96,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_command_line_names_the_tensors_of_each_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHMEM_SESSIONS_DIR", str(tmp_path / "sessions"))
     path = snapshot_with_names(tmp_path, json.dumps({"version": 1, "censuses": CENSUSES}))
@@ -108,6 +110,7 @@ def test_the_command_line_names_the_tensors_of_each_line(tmp_path, monkeypatch):
     assert "tensors: model.fc.weight.grad" in text and "optimizer state" in text
 
 
+@pytest.mark.slow
 def test_a_damaged_names_file_is_a_note_not_a_failure(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHMEM_SESSIONS_DIR", str(tmp_path / "sessions"))
     path = snapshot_with_names(tmp_path, '{"version": 1, "censuses": [{"unix')

@@ -18,6 +18,9 @@ from torchmem.snapshots.index import build_index
 from torchmem.snapshots.open import index_path, open_snapshot
 from torchmem.snapshots.read import SnapshotError, read_snapshot
 
+# Starts torchmem, agent or training processes (conftest checks the mark).
+pytestmark = pytest.mark.slow
+
 
 def snapshot_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -95,6 +98,7 @@ def test_the_info_matches_what_the_index_says():
         (b"hello, not a pickle", "not a pickle"),
         (pickle.dumps(small_snapshot())[:200], "truncated or damaged"),
         (pickle.dumps({"state_dict": {}}), "not a memory snapshot"),
+        (pickle.dumps([1, 2, 3]), "a list of int, not a memory snapshot"),
         (pickle.dumps(OrderedDict(a=1)), "holds Python objects (collections.OrderedDict)"),
     ],
 )

@@ -76,6 +76,20 @@ def test_filter_and_sort_in_the_model():
     del held
 
 
+def test_names_sort_naturally():
+    held = {f"model.{i}.weight": torch.zeros(i + 1) for i in (13, 8, 2, 100)}
+    census = take_census([("", held)])
+    model = TensorModel()
+    model.set_census(census)
+    model.sort(0, Qt.AscendingOrder)
+    model.set_filter_text("model.")  # tensors an earlier test left alive are not ours
+    names = [model.index(r, 0).data() for r in range(model.rowCount())]
+    assert names == ["model.2.weight", "model.8.weight", "model.13.weight", "model.100.weight"]
+    model.sort(0, Qt.DescendingOrder)
+    assert model.index(0, 0).data() == "model.100.weight"
+    del held
+
+
 def test_a_large_census_is_sorted_and_filtered_whole_and_shown_a_chunk_at_a_time(qtbot):
     """20,000 storages: sorting and filtering see every one, and a view is handed rows as
     it scrolls (laying out every row of a big census froze the window for seconds)."""
@@ -99,7 +113,9 @@ def test_a_large_census_is_sorted_and_filtered_whole_and_shown_a_chunk_at_a_time
     while model.canFetchMore(QModelIndex()):
         model.fetchMore(QModelIndex())
     assert model.rowCount() == model.matching()
-    assert model.index(model.rowCount() - 1, 0).data(Qt.UserRole) == 17 * 4
+    # The largest of all (17 floats, or a tensor an earlier test left alive in this process).
+    largest = max(s.nbytes for s in census.storages.values())
+    assert model.index(model.rowCount() - 1, 0).data(Qt.UserRole) == largest >= 17 * 4
     model.set_filter_text("many[19999]")  # the last one made: far beyond the first chunk
     assert [model.index(r, 0).data() for r in range(model.rowCount())] == ["many[19999]"]
     del many
@@ -305,3 +321,25 @@ def test_the_tensors_breakdown_and_readings_follow_the_rank_chosen_in_the_toolba
     assert window.tensors.model.matching() == 0
     combo.setCurrentIndex(0)  # every rank
     assert window.tensors.scope is None and "rank1/cpu" in window.tensors.headline.text()
+
+
+def test_a_filter_says_how_many_match_and_a_new_run_starts_unfiltered(qtbot, window):
+    census, held = small_census()
+    window.session.submit(CensusTaken(1.0, 1, census))
+    window.bridge.flush()
+    window.tensors.refresh()
+    panel = window.tensors
+    total = len(census.storages)
+    panel.filter_edit.setText("int64")
+    assert panel.match_label.text() == f"1 of {total} storages match"
+    panel.filter_edit.setText("no_such_tensor")
+    assert (
+        panel.model.rowCount() == 0 and f"0 of {total} storages match" in panel.match_label.text()
+    )
+    window.clear_views()  # what a new run or an attach does first
+    assert panel.filter_edit.text() == "" and panel.match_label.text() == ""
+    window.session.submit(CensusTaken(2.0, 1, census))
+    window.bridge.flush()
+    panel.refresh()
+    assert panel.model.rowCount() == total, "the next run's rows are all shown"
+    del held

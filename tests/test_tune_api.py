@@ -46,6 +46,7 @@ def test_a_module_function_is_sent_by_reference_and_a_local_one_is_not():
     assert reference(torch.nn.Linear(2, 2).forward) is None  # a bound method
 
 
+@pytest.mark.slow
 def test_an_importable_function_runs_each_trial_in_a_fresh_process(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(SCRIPTS))
     import step_functions
@@ -67,6 +68,7 @@ def test_an_importable_function_runs_each_trial_in_a_fresh_process(tmp_path, mon
     assert any("stopped after 2 trials" in note for note in result.notes)
 
 
+@pytest.mark.slow
 def test_a_function_by_reference_is_predicted_by_a_fake_step_first(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(SCRIPTS))
     import step_functions

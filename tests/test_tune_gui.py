@@ -171,7 +171,7 @@ def test_on_an_accelerator_allocated_is_drawn_beside_reserved(qtbot, panel):
 
 def test_a_torchrun_job_is_tuned_per_rank_from_the_panel(qtbot, panel):
     ddp = str(SCRIPTS / "ddp_train.py")
-    fill(panel, script=ddp, budget="3 GiB", args="--sleep 0 --mib-per-sample 2")
+    fill(panel, script=ddp, budget="3 GiB", args="--sleep 0 --mib-per-sample 8")
     panel.ranks_spin.setValue(2)
     panel.max_spin.setValue(2)  # two sizes: the path end to end, not the search again
     assert panel.start(), panel.status.text()
@@ -183,14 +183,28 @@ def test_a_torchrun_job_is_tuned_per_rank_from_the_panel(qtbot, panel):
     # The batch is per rank: "Use this batch size" fills the user's script, not torchrun.
     with qtbot.waitSignal(panel.use_batch_size) as used:
         panel.use_button.click()
-    assert used.args == [ddp, ["--sleep", "0", "--mib-per-sample", "2", "--batch-size", "2"]]
+    assert used.args == [ddp, ["--sleep", "0", "--mib-per-sample", "8", "--batch-size", "2"]]
     panel.copy_button.click()
     from PySide6.QtGui import QGuiApplication
 
     copied = QGuiApplication.clipboard().text()
     assert "torch.distributed.run --nproc_per_node=2" in copied
-    assert copied.endswith("ddp_train.py --sleep 0 --mib-per-sample 2 --batch-size 2")
+    assert copied.endswith("ddp_train.py --sleep 0 --mib-per-sample 8 --batch-size 2")
     # A step function runs in one process: asking for two says so.
     fill(panel, script=f"{SCRIPTS / 'step_functions.py'}:linear_step")
     assert not panel.start()
     assert "tuned in one process" in panel.status.text()
+
+
+def test_the_empty_plot_shows_the_forms_range_and_budget(panel):
+    # Before a search: batch sizes along x and zero to the budget up y, in the budget's
+    # unit, not pyqtgraph's "-400...400 (x0.001)" around nothing.
+    fill(panel, budget="700 MiB")
+    panel.budget_edit.editingFinished.emit()
+    item = panel.plot.getPlotItem()
+    (x0, x1), (y0, y1) = item.viewRange()
+    assert -0.1 * y1 <= y0 <= 0 and 700 <= y1 <= 800  # pyqtgraph pads the range a little
+    assert "MiB" in item.getAxis("left").labelText
+    ticks = [label for _, label in item.getAxis("bottom")._tickLevels[0]]
+    assert ticks[0] == "1" and f"{panel.max_spin.value():,}" in ticks
+    assert x0 < 0 < 12 < x1

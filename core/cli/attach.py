@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from torchmem.cli.paths import check_paths
 from torchmem.cli.summary import build_summary, rank_row, write_summary
 from torchmem.record.recorder import start_recording
 from torchmem.record.store import RecordError
@@ -38,7 +39,7 @@ def entry_from_file(path: str, address: str | None = None) -> AgentEntry:
 
 def attach_command(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """``torchmem attach ARGV``: check the options, then :func:`attach_headless`."""
-    opts = parser.parse_args(argv)
+    opts = check_paths(parser, parser.parse_args(argv))
     if opts.duration is not None and opts.duration <= 0:
         parser.error("--duration must be positive")
     try:

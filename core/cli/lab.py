@@ -8,6 +8,7 @@ prints the rows as a JSON list instead, ``--csv`` writes them too.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import sys
@@ -74,12 +75,17 @@ def lab_headless(
         print(_header(grad))
     cancel = threading.Event()
 
+    out = sys.stdout
+
     def on_row(row: Row) -> None:
         if not as_json:
-            print(_line(row, grad), flush=True)
+            print(_line(row, grad), file=out, flush=True)
 
     try:
-        rows = run_lab(jobs, "none" if in_process else "process", on_row, cancel)
+        # Measured here, an expression's prints would interleave with the table or the
+        # JSON: they go to stderr, as the worker process sends them.
+        with contextlib.redirect_stdout(sys.stderr):
+            rows = run_lab(jobs, "none" if in_process else "process", on_row, cancel)
     except KeyboardInterrupt:
         cancel.set()
         sys.stderr.write("torchmem: lab interrupted\n")

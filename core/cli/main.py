@@ -19,12 +19,14 @@ script's, as with ``python`` itself.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from torchmem.cli.display import display_problem
 from torchmem.cli.parsers import (
     attach_parser,
     command_parser,
@@ -36,9 +38,16 @@ from torchmem.cli.parsers import (
     run_parser,
     sessions_parser,
     snapshot_diff_parser,
+    snapshot_group_parser,
     snapshot_parser,
     tune_parser,
 )
+from torchmem.cli.paths import check_paths
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed, and its path options checked before any work (one line, exit 2)."""
+    return check_paths(parser, parser.parse_args(argv))
 
 
 def _tune(argv: list[str]) -> int:
@@ -53,7 +62,7 @@ def _tune(argv: list[str]) -> int:
         argv, command = argv[:cut], argv[cut + 1 :]
         if not command:
             tune_parser().error("give a command after --, e.g. -- torchrun train.py")
-    opts = tune_parser().parse_args(argv)
+    opts = _parse(tune_parser(), argv)
     if command and opts.script:
         tune_parser().error(f"give either a script ({opts.script}) or a command after --, not both")
     if not command and not opts.script:
@@ -91,7 +100,7 @@ def _tune(argv: list[str]) -> int:
 
 
 def _lab(argv: list[str]) -> int:
-    opts = lab_parser().parse_args(argv)
+    opts = _parse(lab_parser(), argv)
     ops = [o.strip() for o in opts.ops.split(",") if o.strip()] + opts.expr
     try:
         sizes = [int(s) for s in opts.sizes.split(",") if s.strip()]
@@ -119,14 +128,6 @@ SUBCOMMANDS = (
 )  # fmt: skip
 
 
-def _has_display() -> bool:
-    """True where Qt can open a window: an X or Wayland display, a platform chosen by
-    hand (offscreen, vnc), or a system without X (macOS, Windows)."""
-    if not sys.platform.startswith("linux"):
-        return True
-    return any(os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``torchmem`` command; returns the exit code."""
     try:
@@ -142,24 +143,27 @@ def _main(argv: list[str]) -> int:
     if argv[:1] == ["ps"]:
         from torchmem.cli.ps import ps
 
-        return ps(ps_parser().parse_args(argv[1:]))
+        return ps(_parse(ps_parser(), argv[1:]))
     if argv[:1] == ["tune"]:
         return _tune(argv[1:])
     if argv[:1] == ["lab"]:
         return _lab(argv[1:])
     if argv[:2] == ["snapshot", "info"]:
-        opts = snapshot_parser().parse_args(argv[2:])
+        opts = _parse(snapshot_parser(), argv[2:])
         from torchmem.cli.snapshot import info_headless
 
         return info_headless(opts.file, opts.json, opts.top)
     if argv[:2] == ["snapshot", "diff"]:
-        opts = snapshot_diff_parser().parse_args(argv[2:])
+        opts = _parse(snapshot_diff_parser(), argv[2:])
         from torchmem.cli.snapshot import diff_headless
 
         return diff_headless(opts.before, opts.after, opts.json, opts.top)
     if argv[:1] == ["snapshot"]:
+        if argv[1:2] in (["-h"], ["--help"]):
+            snapshot_group_parser().print_help()
+            return 0
         if len(argv) != 2 or argv[1].startswith("-"):
-            snapshot_parser().error("give one snapshot file: torchmem snapshot FILE")
+            snapshot_group_parser().error("give one snapshot file: torchmem snapshot FILE")
         if not Path(argv[1]).exists():
             print(f"torchmem: no such file: {argv[1]}", file=sys.stderr)
             return 2
@@ -167,7 +171,7 @@ def _main(argv: list[str]) -> int:
     if argv[:1] == ["report"]:
         from torchmem.cli.report import report
 
-        opts = report_parser().parse_args(argv[1:])
+        opts = _parse(report_parser(), argv[1:])
         if opts.censuses or opts.diff:
             from torchmem.cli.report import censuses
 
@@ -176,14 +180,14 @@ def _main(argv: list[str]) -> int:
     if argv[:1] == ["compare"]:
         from torchmem.cli.report import compare
 
-        opts = compare_parser().parse_args(argv[1:])
+        opts = _parse(compare_parser(), argv[1:])
         if len(opts.sessions) < 2:
             compare_parser().error("give two or more session files to compare")
         return compare(opts.sessions, opts.json)
     if argv[:1] == ["sessions"]:
         from torchmem.cli.report import sessions
 
-        opts = sessions_parser().parse_args(argv[1:])
+        opts = _parse(sessions_parser(), argv[1:])
         return sessions(opts.dir, opts.json)
     if argv[:1] == ["attach"]:
         from torchmem.cli.attach import attach_command
@@ -192,7 +196,7 @@ def _main(argv: list[str]) -> int:
     if argv[:1] == ["run"] and "--" in argv:
         # `torchmem run [OPTIONS] -- COMMAND...`: any command, an agent in each torch process.
         cut = argv.index("--")
-        opts = command_parser().parse_args(argv[1:cut])
+        opts = _parse(command_parser(), argv[1:cut])
         command = argv[cut + 1 :]
         if not command:
             command_parser().error("give a command after --, e.g. -- torchrun train.py")
@@ -200,7 +204,7 @@ def _main(argv: list[str]) -> int:
 
         return run_command(command, opts.summary, opts.hz, opts.quiet, opts.max_steps)
     if argv[:1] == ["run"]:
-        opts = run_parser().parse_args(argv[1:])
+        opts = _parse(run_parser(), argv[1:])
         if not opts.script:
             run_parser().error("give the script to run, e.g. torchmem run train.py --lr 0.1")
         from torchmem.cli.run import run_headless
@@ -232,7 +236,7 @@ def _main(argv: list[str]) -> int:
         # `torchmem --demo --leak`: what follows --demo belongs to the demo script.
         cut = argv.index("--demo") + 1
         argv, demo_args = argv[:cut], argv[cut:]
-    opts = gui_parser().parse_args(argv)
+    opts = _parse(gui_parser(), argv)
     if opts.demo:
         if opts.script:
             gui_parser().error("give either --demo or a script, not both")
@@ -256,8 +260,6 @@ def _main(argv: list[str]) -> int:
             "a PID names a process of one host: give one --host, or leave out --attach to "
             "show every agent of the hosts (the ranks of a multi-node job)"
         )
-    if opts.record and Path(opts.record).exists():
-        gui_parser().error(f"--record: {opts.record} already exists; choose a new file")
     if opts.record and not (opts.script or opts.demo):
         gui_parser().error("--record needs a script (or --demo) to record")
     if opts.script and not Path(opts.script).expanduser().exists():
@@ -271,14 +273,9 @@ def _main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    if not _has_display():
-        print(
-            "torchmem: no display to open the window on (DISPLAY and WAYLAND_DISPLAY are "
-            "unset). Headless: `torchmem run SCRIPT` (or `torchmem attach PID`); a virtual "
-            "screen: `xvfb-run -a torchmem ...` (what `make demo` does); or "
-            "QT_QPA_PLATFORM=offscreen for a window nobody sees.",
-            file=sys.stderr,
-        )
+    problem = display_problem()
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     # Imported by name so that `import torchmem` (and `torchmem run`) never loads Qt.
     app = importlib.import_module("torchmem.gui.app")

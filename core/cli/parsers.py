@@ -288,6 +288,24 @@ def tune_parser() -> argparse.ArgumentParser:
     return p
 
 
+def snapshot_group_parser() -> argparse.ArgumentParser:
+    """Parser of ``torchmem snapshot`` itself: its help names the three forms."""
+    return argparse.ArgumentParser(
+        prog="torchmem snapshot",
+        usage="torchmem snapshot FILE | info FILE [--json] [--top N] | diff A B [--json]",
+        description="PyTorch memory snapshots (torch.cuda.memory._dump_snapshot), read in a\n"
+        "worker process and indexed on disk, so files too big for memory_viz open.",
+        epilog="Forms:\n"
+        "  torchmem snapshot FILE       open FILE in the Snapshot window\n"
+        "  torchmem snapshot info FILE  print its peak, what was live then by line, and "
+        "its segments\n"
+        "  torchmem snapshot diff A B   compare two snapshots' peaks, line by line\n"
+        "`torchmem snapshot info --help` and `torchmem snapshot diff --help` give their "
+        "options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def snapshot_parser() -> argparse.ArgumentParser:
     """Parser of ``torchmem snapshot info``."""
     p = argparse.ArgumentParser(

@@ -13,7 +13,9 @@ call with "initialization error" (every CUDA row did, on an H200). It is measure
 worker, where it needs no fresh heap: the allocator's own counters give exact peaks
 whatever its cache holds, and the cache is returned to the device after each row, so
 that the lab never sits on memory a training run beside it needs.
-It answers one JSON row a line on stdout, in order.
+It answers one JSON row a line on its stdout, in order. That stream is its own: an
+expression that prints (``print("x") or a``) writes to fd 1, which the worker points at
+its stderr before any job runs, so that user output never lands inside a row.
 """
 
 from __future__ import annotations
@@ -83,8 +85,18 @@ def answer(job: Job) -> dict[str, Any]:
                 backend.empty_cache()
 
 
+def private_results() -> Any:
+    """A text stream on a duplicate of fd 1 for the rows; fd 1 and ``sys.stdout`` then
+    write to stderr (what a measured expression prints goes there, forked children too)."""
+    results = os.fdopen(os.dup(1), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    return results
+
+
 def main() -> None:
     """Serve jobs from stdin until it closes."""
+    results = private_results()
     import torch  # noqa: F401 - imported once here, so that each child starts at once
 
     from torchmem.lab.measure import warm_up
@@ -99,8 +111,8 @@ def main() -> None:
         if not line.strip():
             continue
         job = Job(**json.loads(line))
-        sys.stdout.write(json.dumps(answer(job), default=str) + "\n")
-        sys.stdout.flush()
+        results.write(json.dumps(answer(job), default=str) + "\n")
+        results.flush()
 
 
 if __name__ == "__main__":

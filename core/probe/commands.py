@@ -18,6 +18,7 @@ from typing import Any
 
 from torchmem.events import CommandResult
 from torchmem.probe.backends import MemoryBackend
+from torchmem.probe.heap import trim_heap
 from torchmem.probe.sampler import read_backends
 from torchmem.series import series_label, split_key
 from torchmem.units import format_bytes
@@ -82,15 +83,20 @@ def _describe(deltas: dict[str, float], always: tuple[str, ...] = ()) -> str:
 
 
 def gc_collect(backends: Sequence[MemoryBackend], now: Callable[[], float]) -> CommandResult:
-    """Run a full ``gc.collect()`` and report objects collected and memory freed."""
+    """Run a full ``gc.collect()``, give the C heap's free pages back (glibc keeps what
+    Python frees, so RSS read "0 B" freed after a run's garbage went), and report objects
+    collected and memory freed."""
     before = read_backends(backends)
     started = time.perf_counter()
     collected = gc.collect()
+    trimmed = trim_heap()
     took = time.perf_counter() - started
     after = read_backends(backends)
     deltas = _deltas(before, after, {"rss", "allocated"})
     changes = _describe(deltas, always=("cpu/rss",))
     message = f"gc.collect: {collected:,} objects collected in {took * 1000:.0f} ms"
+    if trimmed:
+        message += " (then malloc_trim)"
     if changes:
         message += f", {changes}"
     return CommandResult(now(), "gc_collect", True, message, {"collected": collected, **deltas})

@@ -101,10 +101,21 @@ def read_snapshot(
     return check_snapshot(data, str(path))
 
 
+#: A segment of an old snapshot (a list of segments) has some of these.
+SEGMENT_KEYS = frozenset({"address", "total_size", "blocks", "segment_type"})
+
+
 def check_snapshot(data: Any, name: str = "the file") -> dict[str, Any]:
     """``data`` if it has a snapshot's shape (segments, device traces); SnapshotError
     saying what it has instead."""
     if isinstance(data, list):  # torch < 2.1 dumped the segments alone
+        if not all(isinstance(s, dict) and SEGMENT_KEYS & s.keys() for s in data):
+            first = next(s for s in data if not (isinstance(s, dict) and SEGMENT_KEYS & s.keys()))
+            raise SnapshotError(
+                f"{name} is a pickle of a list of {type(first).__name__}, not a memory "
+                "snapshot (a dict with 'segments' and 'device_traces', or before torch 2.1 "
+                "a list of segments)"
+            )
         data = {"segments": data, "device_traces": []}
     if not isinstance(data, dict) or "segments" not in data:
         kind = type(data).__name__

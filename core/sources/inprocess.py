@@ -22,6 +22,7 @@ from torchmem.probe.backends import (
     accelerator_backends,
     backends_capacity,
     discover_backends,
+    reset_peak_rss,
 )
 from torchmem.probe.commands import (
     allocation_history,
@@ -31,6 +32,7 @@ from torchmem.probe.commands import (
     save_snapshot,
     snapshot_dir,
 )
+from torchmem.probe.heap import trim_heap
 from torchmem.probe.runner import ScriptRunner
 from torchmem.probe.sampler import Sampler
 from torchmem.probe.step_pace import StepPace
@@ -168,6 +170,13 @@ class InProcessSource:
         self.census_schedule.reset()
         self._census_failed = False
         self._boundary = BoundaryClock(self.pace)
+        # Each run from its own baseline: the heap the last one freed goes back to the
+        # system, its readers start afresh, and the kernel's peak RSS starts from now
+        # (the window's own, or a run before, is not this run's peak).
+        trim_heap()
+        for backend in self.backends:
+            backend.new_run()
+        reset_peak_rss()
         self.sampler.start()
         self.find_accelerators()  # after the sampler: host memory is drawn meanwhile
         try:
@@ -178,6 +187,8 @@ class InProcessSource:
             if not self._abandoned:
                 self.sampler.sample()  # pending boundaries, then the state after the script
             self._runner = None
+            if not self._abandoned:
+                trim_heap()  # what the run freed, back to the system (not kept by malloc)
             self._abandoned = False  # this source can run again
             if _active is self:
                 _active = None

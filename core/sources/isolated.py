@@ -210,11 +210,17 @@ class IsolatedSource:
                 s.now(),
                 RunStatus.STOPPED if self._stop_requested_at else RunStatus.FAILED,
                 code,
-                f"the process was killed by {name}"
-                + (
-                    oom_killer_hint(s) or " (by hand, a scheduler, or the OOM killer)"
-                    if name == "SIGKILL" and not self._stop_requested_at
-                    else ""
+                (
+                    # Asked to stop, it reached no step and no Python code (a C call):
+                    # terminated, as the Stop action's tooltip says.
+                    f"stopped by the user: ended by {name}, blocked where no step came"
+                    if self._stop_requested_at
+                    else f"the process was killed by {name}"
+                    + (
+                        oom_killer_hint(s) or " (by hand, a scheduler, or the OOM killer)"
+                        if name == "SIGKILL"
+                        else ""
+                    )
                 ),
                 stderr_tail,
                 time.monotonic() - started,

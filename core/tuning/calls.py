@@ -8,8 +8,6 @@ script's (:func:`torchmem.tuning.trial.measured_trial`).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import statistics
 import sys
@@ -18,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchmem.probe.backends import peak_rss, reset_peak_rss
+from torchmem.probe.heap import trim_heap
 from torchmem.probe.runner import is_oom
 
 #: A message longer than this is cut (it travels through a pipe from a forked trial).
@@ -39,13 +38,6 @@ def accelerator(device: str) -> tuple[Any, int] | None:
     return module, int(index or 0)
 
 
-def _trim_heap() -> None:
-    """Give the C heap's free pages back to the system (glibc), so that memory an earlier
-    trial freed is not counted in this one's peak RSS; a no-op elsewhere."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).malloc_trim(0)
-
-
 def measure_calls(fn: Callable[[int], Any], batch: int, steps: int, device: str) -> dict[str, Any]:
     """Call ``fn(batch)`` once to warm up and ``steps`` times more, and report the peak
     memory over all of them: this process's peak RSS on CPU (restarted first, where the
@@ -54,7 +46,7 @@ def measure_calls(fn: Callable[[int], Any], batch: int, steps: int, device: str)
     reported as such, never raised."""
     accel = accelerator(device)
     if accel is None:
-        _trim_heap()
+        trim_heap()
         reset_peak_rss()
     else:
         module, index = accel

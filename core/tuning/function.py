@@ -36,7 +36,14 @@ from torchmem.tuning import step_driver
 from torchmem.tuning.budget import budget_bytes, headroom_bytes
 from torchmem.tuning.calls import accelerator, measure_calls
 from torchmem.tuning.model import Fit, Rounding
-from torchmem.tuning.search import BatchSearch, Trial, TuneError, TuneResult, prior_share
+from torchmem.tuning.search import (
+    BatchSearch,
+    Trial,
+    TuneError,
+    TuneResult,
+    prior_share,
+    resolution,
+)
 from torchmem.tuning.trial import TrialPlan, measured_trial, run_trial, watch_child
 from torchmem.units import format_bytes
 
@@ -172,6 +179,7 @@ def tune(
         cancel,
         prior=prior,
         prior_share=prior_share(device),
+        resolution=resolution(device),
     )
     try:
         result = search.run()

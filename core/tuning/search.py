@@ -26,6 +26,7 @@ from torchmem.tuning.outcome import bytes_or_unknown as _bytes
 # The search's outcome types are imported from here by callers too.
 __all__ = [
     "BatchSearch", "Trial", "TuneCancelled", "TuneError", "TuneResult", "prior_share",
+    "resolution",
 ]  # fmt: skip
 
 #: Reserved growing this much faster than allocated (per sample) is worth a note.
@@ -43,11 +44,28 @@ PRIOR_SHARE = 0.6
 #: bytes (an MLP with Adam: 78 KiB a sample against 13 KiB; glibc keeps freed chunks
 #: and oneDNN its scratch buffers): a probe at 0.6 crossed the budget.
 PRIOR_SHARE_CPU = 0.2
+#: The prediction aims this share of the limit under it (more where the fit scatters):
+#: before any repeat the noise is unknown. Once repeats show it smaller, the answer may
+#: move up by this much; a confirming trial is not worth that little.
+PREDICT_MARGIN = 0.02
 
 
 def prior_share(device: str) -> float:
     """Where the one probe after a fake step aims, as a share of the room, on ``device``."""
     return PRIOR_SHARE_CPU if device == "cpu" else PRIOR_SHARE
+
+
+#: The smallest rise of peak RSS over the range that tells a batch that adds memory from
+#: one that does not. Identical runs of a script that never read its batch option peaked
+#: at 320 or 326 MiB, two runs of each size agreeing to 0.2 MiB: two sizes that drew
+#: different modes read as growth, three standard errors of it.
+RSS_RESOLUTION = 8 << 20
+
+
+def resolution(device: str) -> float:
+    """The measure's resolution on ``device``: :data:`RSS_RESOLUTION` on CPU; none on an
+    accelerator, whose allocator counts bytes exactly."""
+    return float(RSS_RESOLUTION) if device == "cpu" else 0.0
 
 
 #: Two runs of one size whose difference, doubled, is under this share of the room above
@@ -93,6 +111,7 @@ class BatchSearch:
         cancel: threading.Event | None = None,
         prior: Fit | None = None,
         prior_share: float = PRIOR_SHARE,
+        resolution: float = 0.0,
     ) -> None:
         if minimum < 1 or maximum < minimum:
             raise TuneError(f"the range must be 1 <= min <= max, not {minimum}..{maximum}")
@@ -114,6 +133,9 @@ class BatchSearch:
         self.prior = prior
         #: Where the probe after the prior aims (:func:`prior_share`).
         self.prior_share = prior_share
+        #: A rise of the peak over the range under this is not told from none
+        #: (:func:`resolution`).
+        self.resolution = resolution
 
     # -- the state of the search -------------------------------------------------------------
     def _peaks(self, batch: int) -> list[float]:
@@ -364,7 +386,10 @@ class BatchSearch:
         spread = float(np.sqrt(np.sum((sizes - sizes.mean()) ** 2)))
         span = self.maximum - self.minimum
         growth = float(slope) * span
-        return batch_effect(growth, sigma / spread * span, self.noise), growth
+        # Runs that agree closely may still sit on one of the measure's steps: a rise
+        # under its resolution is none, whatever its standard error says.
+        growth_sd = max(sigma / spread * span, self.resolution / 3)
+        return batch_effect(growth, growth_sd, self.noise), growth
 
     def _note_noise(self, effect: BatchEffect) -> None:
         """Say when the noise takes a large share of the room the batch has: repeated
@@ -494,8 +519,15 @@ class BatchSearch:
                     modelled = min(modelled, failed - 1)
                 modelled = round_batch(modelled, self.rounding, self.minimum)
                 fits_model = fit.peak(modelled) + self.noise.margin <= self.limit
-                # A size within 5% of one already accepted is not worth a trial.
-                if fits_model and (answer is None or modelled > answer * (1 + VERIFY_TOLERANCE)):
+                # A size within 5% of one already accepted, or whose modelled peak is
+                # within the prediction's own margin of it, is not worth a trial.
+                if fits_model and (
+                    answer is None
+                    or (
+                        modelled > answer * (1 + VERIFY_TOLERANCE)
+                        and fit.peak(modelled) - fit.peak(answer) > PREDICT_MARGIN * self.limit
+                    )
+                ):
                     answer = modelled
             if answer is None or answer in {t.batch_size for t in self.trials}:
                 return answer
@@ -594,7 +626,7 @@ class BatchSearch:
         # just under costs 2% of the size.
         margin = (
             max(
-                min(max(2 * fit.rms_residual, 0.02 * self.limit), 0.04 * self.limit),
+                min(max(2 * fit.rms_residual, PREDICT_MARGIN * self.limit), 0.04 * self.limit),
                 self.noise.margin,
             )
             if fit is not None

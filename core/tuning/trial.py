@@ -30,7 +30,14 @@ import psutil
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.record.library import new_session_path
 from torchmem.tuning.model import Fit, Rounding
-from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError, prior_share
+from torchmem.tuning.search import (
+    BatchSearch,
+    Trial,
+    TuneCancelled,
+    TuneError,
+    prior_share,
+    resolution,
+)
 
 #: How often a running trial's RSS is checked against the budget (CPU).
 WATCH_PERIOD_S = 0.02
@@ -193,6 +200,7 @@ def plan_search(
         cancel,
         prior=prior,
         prior_share=prior_share(plan.device),
+        resolution=resolution(plan.device),
     )
 
 
