@@ -85,9 +85,6 @@ def peer_uid(sock: socket.socket) -> int | None:
     if so_peercred is not None:  # Linux: struct ucred {pid, uid, gid}
         creds = sock.getsockopt(socket.SOL_SOCKET, so_peercred, struct.calcsize("3i"))
         return struct.unpack("3i", creds)[1]
-    getpeereid = getattr(os, "getpeereid", None)  # not in CPython today; BSD/macOS someday
-    if getpeereid is not None:
-        return getpeereid(sock.fileno())[0]
     return None
 
 

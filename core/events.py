@@ -141,10 +141,11 @@ class CommandResult:
 
 @dataclass(frozen=True, slots=True)
 class CensusTaken:
-    """A census of live tensors (a :class:`~torchmem.tensors.walk.Census`), and when.
+    """A census of live tensors (a :class:`~torchmem.tensors.model.Census`), and when.
 
-    ``trigger`` says why it was taken: ``"user"`` (Refresh) or ``"step"`` (automatic, at a
-    step boundary).
+    ``trigger`` says why it was taken: ``"user"`` (Refresh), ``"step"`` (automatic, at a
+    step boundary), ``"leak"`` (a growth under suspicion: the culprits' evidence) or
+    ``"oom"`` (in the frames of an out-of-memory error).
     """
 
     t: float

@@ -998,7 +998,9 @@ class MainWindow(QMainWindow):
 
     # -- commands -------------------------------------------------------------------------
     def run_command(self, name: str) -> None:
-        """Queue gc.collect / empty_cache / reset peaks for the command thread.
+        """Queue one of the target's commands (``probe.commands.COMMANDS``: gc.collect,
+        empty_cache, reset peaks, a census, allocation history, a snapshot) for the
+        command thread.
 
         Commands run one after another in that thread, in the order they were pressed;
         each result arrives through the Session like any other event.

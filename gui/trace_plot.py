@@ -268,11 +268,6 @@ class TracePlot(pg.GraphicsLayoutWidget):
         if not paused:
             self.refresh(force=True)
 
-    def set_curve_visible(self, key: str, visible: bool) -> None:
-        """Show or hide one series (as a click on its legend entry does)."""
-        if key in self._curves:
-            self._curves[key].setVisible(visible)
-
     def scopes(self) -> list[str]:
         """Ranks, then machines and the total, among the drawn series of a job; empty for
         one process."""

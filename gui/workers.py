@@ -85,7 +85,9 @@ class AttachWorker(QObject):
 
 
 class CommandWorker(QObject):
-    """Runs gc.collect / empty_cache / reset peaks off the GUI thread, one at a time."""
+    """Runs the target's commands (``probe.commands.COMMANDS``: gc.collect, empty_cache,
+    reset peaks, a census, allocation history, a snapshot, ...) off the GUI thread, one at
+    a time."""
 
     def __init__(self, target: Callable[[], Source]) -> None:
         super().__init__()

@@ -122,10 +122,6 @@ def _lab(argv: list[str]) -> int:
     )  # fmt: skip
 
 
-#: The subcommands, for the message about an unknown one.
-SUBCOMMANDS = (
-    "run", "ps", "attach", "tune", "lab", "snapshot", "report", "sessions", "compare",
-)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -139,98 +135,128 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def _main(argv: list[str]) -> int:
-    if argv[:1] == ["ps"]:
-        from torchmem.cli.ps import ps
+def _ps(argv: list[str]) -> int:
+    from torchmem.cli.ps import ps
 
-        return ps(_parse(ps_parser(), argv[1:]))
-    if argv[:1] == ["tune"]:
-        return _tune(argv[1:])
-    if argv[:1] == ["lab"]:
-        return _lab(argv[1:])
-    if argv[:2] == ["snapshot", "info"]:
-        opts = _parse(snapshot_parser(), argv[2:])
-        from torchmem.cli.snapshot import info_headless
+    return ps(_parse(ps_parser(), argv))
 
-        return info_headless(opts.file, opts.json, opts.top)
-    if argv[:2] == ["snapshot", "diff"]:
-        opts = _parse(snapshot_diff_parser(), argv[2:])
-        from torchmem.cli.snapshot import diff_headless
 
-        return diff_headless(opts.before, opts.after, opts.json, opts.top)
-    if argv[:1] == ["snapshot"]:
-        if argv[1:2] in (["-h"], ["--help"]):
-            snapshot_group_parser().print_help()
-            return 0
-        if len(argv) != 2 or argv[1].startswith("-"):
-            snapshot_group_parser().error("give one snapshot file: torchmem snapshot FILE")
-        if not Path(argv[1]).exists():
-            print(f"torchmem: no such file: {argv[1]}", file=sys.stderr)
-            return 2
-        argv = ["--snapshot", argv[1]]
-    if argv[:1] == ["report"]:
-        from torchmem.cli.report import report
+def _snapshot_info(argv: list[str]) -> int:
+    from torchmem.cli.snapshot import info_headless
 
-        opts = _parse(report_parser(), argv[1:])
-        if opts.censuses or opts.diff:
-            from torchmem.cli.report import censuses
+    opts = _parse(snapshot_parser(), argv)
+    return info_headless(opts.file, opts.json, opts.top)
 
-            return censuses(opts.session, opts.diff)
-        return report(opts.session, opts.json, opts.summary, opts.csv, opts.export)
-    if argv[:1] == ["compare"]:
-        from torchmem.cli.report import compare
 
-        opts = _parse(compare_parser(), argv[1:])
-        if len(opts.sessions) < 2:
-            compare_parser().error("give two or more session files to compare")
-        return compare(opts.sessions, opts.json)
-    if argv[:1] == ["sessions"]:
-        from torchmem.cli.report import sessions
+def _snapshot_diff(argv: list[str]) -> int:
+    from torchmem.cli.snapshot import diff_headless
 
-        opts = _parse(sessions_parser(), argv[1:])
-        return sessions(opts.dir, opts.json)
-    if argv[:1] == ["attach"]:
-        from torchmem.cli.attach import attach_command
+    opts = _parse(snapshot_diff_parser(), argv)
+    return diff_headless(opts.before, opts.after, opts.json, opts.top)
 
-        return attach_command(attach_parser(), argv[1:])
-    if argv[:1] == ["run"] and "--" in argv:
-        # `torchmem run [OPTIONS] -- COMMAND...`: any command, an agent in each torch process.
+
+def _snapshot(argv: list[str]) -> int:
+    """``torchmem snapshot FILE`` (the window), ``info``, ``diff``, or the forms' help."""
+    if argv[:1] == ["info"]:
+        return _snapshot_info(argv[1:])
+    if argv[:1] == ["diff"]:
+        return _snapshot_diff(argv[1:])
+    if argv[:1] in (["-h"], ["--help"]):
+        snapshot_group_parser().print_help()
+        return 0
+    if len(argv) != 1 or argv[0].startswith("-"):
+        snapshot_group_parser().error("give one snapshot file: torchmem snapshot FILE")
+    if not Path(argv[0]).exists():
+        print(f"torchmem: no such file: {argv[0]}", file=sys.stderr)
+        return 2
+    return _window(["--snapshot", argv[0]])
+
+
+def _report(argv: list[str]) -> int:
+    from torchmem.cli.report import censuses, report
+
+    opts = _parse(report_parser(), argv)
+    if opts.censuses or opts.diff:
+        return censuses(opts.session, opts.diff)
+    return report(opts.session, opts.json, opts.summary, opts.csv, opts.export)
+
+
+def _compare(argv: list[str]) -> int:
+    from torchmem.cli.report import compare
+
+    opts = _parse(compare_parser(), argv)
+    if len(opts.sessions) < 2:
+        compare_parser().error("give two or more session files to compare")
+    return compare(opts.sessions, opts.json)
+
+
+def _sessions(argv: list[str]) -> int:
+    from torchmem.cli.report import sessions
+
+    opts = _parse(sessions_parser(), argv)
+    return sessions(opts.dir, opts.json)
+
+
+def _attach(argv: list[str]) -> int:
+    from torchmem.cli.attach import attach_command
+
+    return attach_command(attach_parser(), argv)
+
+
+def _run(argv: list[str]) -> int:
+    """``torchmem run SCRIPT``, or ``torchmem run [OPTIONS] -- COMMAND...`` (any command,
+    an agent in each torch process)."""
+    if "--" in argv:
         cut = argv.index("--")
-        opts = _parse(command_parser(), argv[1:cut])
+        opts = _parse(command_parser(), argv[:cut])
         command = argv[cut + 1 :]
         if not command:
             command_parser().error("give a command after --, e.g. -- torchrun train.py")
         from torchmem.cli.launch import run_command
 
         return run_command(command, opts.summary, opts.hz, opts.quiet, opts.max_steps)
-    if argv[:1] == ["run"]:
-        opts = _parse(run_parser(), argv[1:])
-        if not opts.script:
-            run_parser().error("give the script to run, e.g. torchmem run train.py --lr 0.1")
-        from torchmem.cli.run import run_headless
-        from torchmem.probe.runner import ScriptError, validate_script
+    opts = _parse(run_parser(), argv)
+    if not opts.script:
+        run_parser().error("give the script to run, e.g. torchmem run train.py --lr 0.1")
+    from torchmem.cli.run import run_headless
+    from torchmem.probe.runner import ScriptError, validate_script
 
-        try:
-            validate_script(opts.script)
-        except ScriptError as exc:
-            print(f"torchmem: {exc}", file=sys.stderr)
-            return 2
-        return run_headless(
-            opts.script,
-            opts.args,
-            opts.summary,
-            opts.hz,
-            opts.cwd,
-            opts.quiet,
-            opts.fail_on_leak,
-            attachable=opts.attachable or opts.wait_attach > 0,
-            listen=opts.listen,
-            wait_attach=opts.wait_attach,
-            max_steps=opts.max_steps,
-            record=opts.record,
-            echo=not opts.no_echo,
-        )
+    try:
+        validate_script(opts.script)
+    except ScriptError as exc:
+        print(f"torchmem: {exc}", file=sys.stderr)
+        return 2
+    return run_headless(
+        opts.script,
+        opts.args,
+        opts.summary,
+        opts.hz,
+        opts.cwd,
+        opts.quiet,
+        opts.fail_on_leak,
+        attachable=opts.attachable or opts.wait_attach > 0,
+        listen=opts.listen,
+        wait_attach=opts.wait_attach,
+        max_steps=opts.max_steps,
+        record=opts.record,
+        echo=not opts.no_echo,
+    )
 
+
+#: The subcommands and their handlers (each given the arguments after its name).
+HANDLERS = {
+    "run": _run, "ps": _ps, "attach": _attach, "tune": _tune, "lab": _lab,
+    "snapshot": _snapshot, "report": _report, "sessions": _sessions, "compare": _compare,
+}  # fmt: skip
+
+
+def _main(argv: list[str]) -> int:
+    handler = HANDLERS.get(argv[0]) if argv else None
+    return handler(argv[1:]) if handler is not None else _window(argv)
+
+
+def _window(argv: list[str]) -> int:
+    """The window: its options checked, and the display asked, before Qt is imported."""
     demo_args: list[str] = []
     if "--demo" in argv:
         # `torchmem --demo --leak`: what follows --demo belongs to the demo script.
@@ -268,7 +294,7 @@ def _main(argv: list[str]) -> int:
         command_like = not Path(opts.script).suffix
         print(
             f"torchmem: no such {'script or command' if command_like else 'script'} "
-            f"'{opts.script}' (commands: {', '.join(SUBCOMMANDS)}; or a Python script to run "
+            f"'{opts.script}' (commands: {', '.join(HANDLERS)}; or a Python script to run "
             "in the window)",
             file=sys.stderr,
         )

@@ -1,6 +1,7 @@
 """``torchmem run``: a script with the same sampler, no Qt, and a JSON summary.
 
-This is the backbone that isolated runs, attach and tuning build on: the script runs in
+A separate-process run of the window and each tuning trial are this command in a child
+(`torchmem run --attachable`, `--summary`); the script runs in
 the main thread (so signals, DataLoader workers and Ctrl+C behave as in plain Python),
 its output goes straight to the terminal, and the exit code is the script's.
 """

@@ -141,11 +141,6 @@ class StepTracker:
         self.check_stop()
 
     # -- cooperative stop ------------------------------------------------------------------
-    @property
-    def stop_requested(self) -> bool:
-        """True once :meth:`request_stop` was called."""
-        return self._stop_requested.is_set()
-
     def request_stop(self) -> None:
         """Ask the script to stop at its next step, backward, mark or module forward."""
         if self._stop_requested.is_set():

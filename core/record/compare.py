@@ -15,7 +15,6 @@ from typing import Any, Literal
 import numpy as np
 
 from torchmem.record.replay import Recording
-from torchmem.series import split_key
 
 Axis = Literal["time", "steps"]
 
@@ -130,6 +129,3 @@ def aligned(recording: Recording, key: str, axis: Axis) -> tuple[np.ndarray, np.
     return t - (started.t if started else 0.0), v
 
 
-def metric_of(key: str) -> str:
-    """The metric part of a series key (``allocated`` of ``cuda:0/allocated``)."""
-    return split_key(key)[1]

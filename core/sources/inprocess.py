@@ -214,15 +214,6 @@ class InProcessSource:
         self.sampler.start()
         self.find_accelerators()
 
-    def unwatch(self) -> None:
-        """Undo :meth:`watch_thread`: remove the hooks, stop sampling."""
-        runner = self._runner
-        if isinstance(runner, WatchedThread):
-            runner.tracker.uninstall()
-            self.steps_seen = runner.steps
-            self._runner = None
-        self.sampler.stop()
-
     def _feed_leaks(self, event: Event) -> None:
         # Only this process's own runs: the window's Session also carries isolated and
         # attached runs, whose agents judge them (a second detector here raised a second

@@ -66,8 +66,7 @@ class RemoteSource:
         self.end_reason = ""
         self.bad_frames = 0
         self._client = AgentClient(entry, self._on_events, self._on_closed)
-        self._run_finished = False
-        #: How the agent said its run ended (None until it did).
+        #: How the agent said its run ended (None until it did): the one record of it.
         self.finished: RunFinished | None = None
         #: This process's own step boundaries (a job's Session holds every rank's).
         self.steps = StepClock(capacity=1024)
@@ -75,7 +74,7 @@ class RemoteSource:
     @property
     def run_finished_seen(self) -> bool:
         """True once the agent reported how its run ended."""
-        return self._run_finished
+        return self.finished is not None
 
     @property
     def pid(self) -> int:
@@ -201,7 +200,6 @@ class RemoteSource:
             if isinstance(event, Marker) and event.kind is MarkerKind.STEP:
                 self.steps.add(event.t, event.step)
             if isinstance(event, RunFinished):
-                self._run_finished = True
                 self.finished = event
                 if self.prefix:  # one rank ended, not the job: a line and a marker
                     text = f"{self.label}: {event.status.value}: {event.message}"
@@ -241,12 +239,12 @@ class RemoteSource:
         now = self.session.now()
         host = self.entry.host
         if host:  # another machine: its processes cannot be looked up from here
-            gone = self._run_finished
+            gone = self.run_finished_seen
             reason = f"{reason} (the process on {host} ended, or the SSH connection dropped)"
         else:
-            gone = _gone(self.entry.pid, wait_s=0.0 if self._run_finished else 1.0)
+            gone = _gone(self.entry.pid, wait_s=0.0 if self.run_finished_seen else 1.0)
         what = f"process {self.entry.pid} exited" if gone else reason
-        if self.prefix and gone and not self._run_finished and not host:
+        if self.prefix and gone and not self.run_finished_seen and not host:
             # One rank of a job killed from outside, most often by the OOM killer when
             # the machine's RAM ran out: say so, from that rank's last readings.
             what += " without a word (killed or crashed)" + oom_killer_hint(
@@ -255,7 +253,7 @@ class RemoteSource:
         self.session.submit(LogRecord(now, Stream.TORCHMEM, f"{self.label}: detached: {what}"))
         if self.prefix:
             self.session.submit(Marker(now, MarkerKind.USER, f"{self.label} ended", 0))
-        elif not self._run_finished:
+        elif not self.run_finished_seen:
             started = self.session.run_started
             duration = now - started.t if started is not None else 0.0
             if gone:
