@@ -123,6 +123,12 @@ KERNEL_PEAK = "rss_peak"
 COUNT_METRICS = frozenset({"alloc_retries", "ooms"})
 
 
+def is_sparse(key: str) -> bool:
+    """True for a series read less often than the sampler ticks (:attr:`Metric.sparse`)."""
+    metric = split_key(key)[1]
+    return metric in METRICS and METRICS[metric].sparse
+
+
 def split_key(key: str) -> tuple[str, str]:
     """``("cuda:0", "allocated")`` for ``cuda:0/allocated`` (a scope stays with the device:
     ``("rank1/cuda:0", "allocated")``)."""

@@ -13,6 +13,7 @@ from torchmem.series import (
     KERNEL_PEAK,
     METRICS,
     in_scope,
+    is_sparse,
     series_label,
     split_key,
 )
@@ -104,7 +105,7 @@ class ReadingsTable(QTableWidget):
             age = reference - when
             if math.isnan(last):
                 now_item.setText("–")
-            elif age > (SPARSE_STALE_AFTER_S if _sparse(key) else STALE_AFTER_S):
+            elif age > (SPARSE_STALE_AFTER_S if is_sparse(key) else STALE_AFTER_S):
                 old = format_duration(age, coarse=age >= 10)
                 now_item.setText(f"{fmt(last)} · {old}")
                 now_item.setForeground(grey)
@@ -146,11 +147,6 @@ class ReadingsTable(QTableWidget):
         """(label, now, peak) as shown, for tests and copy."""
         row = self._rows[key]
         return tuple(self.item(row, c).text() for c in range(3))  # type: ignore[return-value]
-
-
-def _sparse(key: str) -> bool:
-    metric = split_key(key)[1]
-    return metric in METRICS and METRICS[metric].sparse
 
 
 def _count(value: float) -> str:

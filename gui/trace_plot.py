@@ -17,8 +17,8 @@ from torchmem.events import Marker, MarkerKind, Severity
 from torchmem.series import (
     COUNT_METRICS,
     METRICS,
-    Metric,
     in_scope,
+    is_sparse,
     series_label,
     split_key,
     split_scope,
@@ -110,9 +110,6 @@ def _discard(item: pg.GraphicsObject) -> None:
             view.removeItem(item)
     item.deleteLater()
 
-
-#: What a metric not in METRICS is: read at every sample.
-DENSE = Metric("", "")
 
 class TracePlot(pg.GraphicsLayoutWidget):
     """Accelerator and host memory plots over a step strip, sharing one X axis."""
@@ -353,7 +350,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 pen.setStyle(Qt.DashLine)
             group = plot_group(key)
             plot = self.plots[group]
-            if metric in METRICS and METRICS[metric].sparse:
+            if is_sparse(key):
                 # Read every few seconds (USS): a dot per reading. A line between readings
                 # would invent the values in between (a ramp down from a burst long gone).
                 curve = plot.plot(
@@ -588,7 +585,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         xs, vs = self._xy.get(key, (np.empty(0), np.empty(0)))
         if not len(xs):
             return None
-        if METRICS.get(split_key(key)[1], DENSE).sparse:
+        if is_sparse(key):
             i = max(int(np.searchsorted(xs, x, side="right")) - 1, 0)
             return float(xs[i]), float(vs[i])
         i = int(np.clip(np.searchsorted(xs, x), 0, len(xs) - 1))

@@ -6,7 +6,6 @@ a missing ``libxcb-cursor0``. One line from us instead, with what to do.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 from collections.abc import Mapping
@@ -23,9 +22,9 @@ def x_display_answers(display: str) -> bool | None:
     """True when an X server accepts a connection at ``display``, False when none does,
     None when it cannot be asked here (no libxcb: Qt's xcb plugin would not load either,
     and says so itself)."""
-    name = ctypes.util.find_library("xcb") or "libxcb.so.1"
     try:
-        xcb = ctypes.CDLL(name)
+        # By its soname: find_library would run `ldconfig -p` (a process, at start-up).
+        xcb = ctypes.CDLL("libxcb.so.1")
     except OSError:
         return None
     xcb.xcb_connect.restype = ctypes.c_void_p

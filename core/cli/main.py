@@ -122,8 +122,6 @@ def _lab(argv: list[str]) -> int:
     )  # fmt: skip
 
 
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``torchmem`` command; returns the exit code."""
     try:

@@ -68,9 +68,10 @@ class MemoryBackend:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _open_statm(pid: int) -> int | None:
+def _open_proc(pid: int, name: str) -> int | None:
+    """A descriptor of ``/proc/PID/NAME`` to read again with ``pread``; None without."""
     try:
-        return os.open(f"/proc/{pid}/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return os.open(f"/proc/{pid}/{name}", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:  # not Linux, or no /proc
         return None
 
@@ -99,10 +100,12 @@ class ProcessBackend(MemoryBackend):
         self._heap_slow = 0
         self._heap_loop_seen = False
         self._had_workers = False
-        self._statm = _open_statm(self.process.pid)
-        if self._statm is not None:
-            weakref.finalize(self, os.close, self._statm)
-        self._status = f"/proc/{self.process.pid}/status"
+        # Kept open and read with pread: inside a training loop, at every reading.
+        self._statm = _open_proc(self.process.pid, "statm")
+        self._status = _open_proc(self.process.pid, "status")
+        for fd in (self._statm, self._status):
+            if fd is not None:
+                weakref.finalize(self, os.close, fd)
 
     def new_run(self) -> None:
         """A run's heap is read afresh: the last run's slow readings (a heap fragmented
@@ -141,7 +144,7 @@ class ProcessBackend(MemoryBackend):
         if not full:
             return
         out["system/available"] = float(psutil.virtual_memory().available)
-        hwm = kernel_peak_rss(self._status)
+        hwm = kernel_peak_rss(self._status) if self._status is not None else None
         if hwm is not None:
             out["cpu/rss_peak"] = float(hwm)
 
@@ -445,19 +448,21 @@ def process_backends(pid: int) -> list[MemoryBackend]:
     return backends
 
 
-def kernel_peak_rss(status: str = "/proc/self/status") -> int | None:
+def kernel_peak_rss(status: int | str = "/proc/self/status") -> int | None:
     """The kernel's high-water mark of a process's RSS (``VmHWM`` in its ``status``
-    file), in bytes; None without one (not Linux, a process gone). A burst between two
-    samples, missed by them, is in it: 200 MiB bursts sampled at 10 Hz peaked 15 MiB
-    under it."""
+    file, a path or a descriptor kept open), in bytes; None without one (not Linux, a
+    process gone). A burst between two samples, missed by them, is in it: 200 MiB bursts
+    sampled at 10 Hz peaked 15 MiB under it."""
     try:
-        with open(status, "rb") as f:
-            for line in f:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
+        if isinstance(status, int):
+            text = os.pread(status, 4096, 0)
+        else:
+            with open(status, "rb") as f:
+                text = f.read()
+        start = text.index(b"VmHWM:")
+        return int(text[start : text.index(b"\n", start)].split()[1]) * 1024  # kB
     except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return None
 
 
 def peak_rss() -> int | None:

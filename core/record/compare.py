@@ -127,5 +127,3 @@ def aligned(recording: Recording, key: str, axis: Axis) -> tuple[np.ndarray, np.
     if axis == "steps":
         return session.to_steps(t), v
     return t - (started.t if started else 0.0), v
-
-
