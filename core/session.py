@@ -34,6 +34,7 @@ from torchmem.events import (
     Sample,
     Stream,
 )
+from torchmem.retry_streaks import RetryStreaks
 from torchmem.series import KERNEL_PEAK, is_sum_scope, split_key, split_scope
 from torchmem.timeseries import SeriesBuffer, StepClock
 
@@ -64,6 +65,7 @@ class Session:
     def _init_state(self) -> None:
         self.series: dict[str, SeriesBuffer] = {}
         self.steps = StepClock()
+        self._retries = RetryStreaks()
         self.markers: deque[Marker] = deque(maxlen=5000)
         self.logs: deque[LogRecord] = deque(maxlen=self._max_log)
         self.commands: deque[CommandResult] = deque(maxlen=500)
@@ -179,6 +181,8 @@ class Session:
                 if buf is None:
                     buf = self.series[key] = SeriesBuffer(self._recent, self._buckets)
                 buf.append(event.t, value)
+            if event.step is not None:
+                self._retries.on_boundary(event.step, event.values)
         elif isinstance(event, Marker):
             if event.kind is MarkerKind.STEP:
                 self.steps.add(event.t, event.step)
@@ -277,6 +281,12 @@ class Session:
                 for device, m in [split_key(key)]
                 if m == metric and buf.count
             }
+
+    def retry_streaks(self) -> dict[str, int]:
+        """The longest run of consecutive steps with allocator retries per device, where
+        the run read the retry count at its step boundaries (a tuning trial)."""
+        with self._lock:
+            return self._retries.longest()
 
     def censuses(self, scope: str | None = None) -> tuple[CensusTaken | None, CensusTaken | None]:
         """The latest census event and the one before it of the same process; with

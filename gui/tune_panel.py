@@ -583,8 +583,10 @@ class TunePanel(JobPanel):
             # No trials yet: from zero to the budget, not pyqtgraph's -0.4...0.4.
             self.plot.getPlotItem().setYRange(0, (budget or 1 << 30) * 1.05 / scale)
         self.plot.getPlotItem().setLabel("left", f"peak memory ({unit})")
-        ok = [t for t in self.trials if t.ok and t.peak_bytes is not None]
-        bad = [t for t in self.trials if not t.ok or t.peak_bytes is None]
+        # A size that thrashed the allocator is drawn as failed, under the limit though it is.
+        good = [t.ok and not t.thrashed and t.peak_bytes is not None for t in self.trials]
+        ok = [t for t, g in zip(self.trials, good, strict=True) if g]
+        bad = [t for t, g in zip(self.trials, good, strict=True) if not g]
         self.ok_points.setData(
             [math.log2(t.batch_size) for t in ok], [t.peak_bytes / scale for t in ok]
         )

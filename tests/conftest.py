@@ -117,6 +117,7 @@ class StubCuda:
         self.total = total
         self.calls: list[str] = []
         self.memory = StubCudaMemory(self)
+        self.retries = 0  # num_alloc_retries: the allocator freed its cache and retried
 
     def is_initialized(self) -> bool:
         return self.initialized
@@ -161,7 +162,7 @@ class StubCuda:
     def memory_stats(self, i: int) -> dict[str, int]:
         # The cache beyond what is allocated, all of it split blocks: a fragmented device.
         return {
-            "num_alloc_retries": 0,
+            "num_alloc_retries": self.retries,
             "inactive_split_bytes.all.current": self.reserved[i] - self.allocated[i],
             "num_ooms": 0,
         }

@@ -1,6 +1,8 @@
 """The fake step on the trainers users train with: Hugging Face's ``Trainer`` reads
-tensor values before its first backward, which fake tensors do not have; with stand-ins
-its step is predicted, and the prediction is held against the same step run for real."""
+tensor values before its first backward, which fake tensors do not have; Lightning's
+logs the loss through a deep copy of a metric's state and moves the model back to the
+CPU as the step's end unwinds. With stand-ins each step is predicted, and the prediction
+is held against the same step run for real."""
 
 from __future__ import annotations
 
@@ -14,8 +16,6 @@ from torchmem.tuning.predict import predict
 from torchmem.tuning.trial import TrialPlan
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -50,6 +50,8 @@ def real_peak(script: Path, batch: int, tmp_path: Path) -> int:
 
 
 def test_a_hugging_face_trainer_step_is_predicted_within_15_percent(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
     script = SCRIPTS / "hf_trainer.py"
     plan = TrialPlan(str(script), ("--out", str(tmp_path / "out")), "--batch-size")
     prediction = predict(plan, 1, 64, limit=100 << 30)
@@ -58,6 +60,20 @@ def test_a_hugging_face_trainer_step_is_predicted_within_15_percent(tmp_path):
     # Its sampler's permutation and its token count were read: said, not hidden.
     assert any("int64 value read before backward" in c for c in prediction.caveats)
     predicted = dict(prediction.points)
+    for batch in (8, 64):
+        measured = real_peak(script, batch, tmp_path)
+        assert predicted[batch] == pytest.approx(measured, rel=0.15), (batch, measured)
+
+
+def test_a_lightning_trainer_step_is_predicted_within_15_percent(tmp_path):
+    pytest.importorskip("lightning")
+    script = SCRIPTS / "lightning_trainer.py"
+    plan = TrialPlan(str(script), ("--out", str(tmp_path / "out")), "--batch-size")
+    prediction = predict(plan, 1, 64, limit=100 << 30)
+    assert prediction.error is None, prediction.error
+    assert [b for b, _ in prediction.points] == [1, 8, 64]
+    predicted = dict(prediction.points)
+    assert predicted[64] > 4 * predicted[8]  # the activations grow with the batch
     for batch in (8, 64):
         measured = real_peak(script, batch, tmp_path)
         assert predicted[batch] == pytest.approx(measured, rel=0.15), (batch, measured)

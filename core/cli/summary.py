@@ -80,6 +80,9 @@ def build_summary(kind: Kind, session: Session | None, **fields: Any) -> dict[st
             peak_bytes=int_peaks(session.peak_bytes()),
             alerts=[a.to_json() for a in session.alert_list()],
         )
+        retries = session.retry_streaks()
+        if retries:  # read at step boundaries: a tuning trial
+            data["alloc_retry_steps"] = retries
     data.update(fields)
     return data
 

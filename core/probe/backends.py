@@ -194,6 +194,12 @@ ALLOCATOR_STATS = {
 }
 
 
+#: Set to "1" in a run's environment to read the allocator's retry count at every step
+#: boundary too (tuning trials do, for :mod:`torchmem.retry_streaks`): memory_stats costs
+#: tens of microseconds a step, which a measurement run can pay and a training run need not.
+RETRIES_ENV = "TORCHMEM_RETRIES_EACH_STEP"
+
+
 #: Figures of ``torch.cuda.host_memory_stats`` (the pinned host allocator), at 1 Hz.
 HOST_STATS = {"pinned": "allocated_bytes.current", "pinned_active": "active_bytes.current"}
 
@@ -212,6 +218,7 @@ class TorchAllocatorBackend(MemoryBackend):
         self.kind = kind
         self._capacity: dict[str, int] = {}
         self._next_stats = 0.0
+        self._retries_each_step = os.environ.get(RETRIES_ENV) == "1"
 
     def _active_devices(self) -> list[int]:
         m = self.module
@@ -240,6 +247,10 @@ class TorchAllocatorBackend(MemoryBackend):
                     value = stats.get(name)
                     if value is not None:
                         out[f"{dev}/{metric}"] = float(value)
+            elif self._retries_each_step and not full and hasattr(m, "memory_stats"):
+                retries = m.memory_stats(i).get(ALLOCATOR_STATS["alloc_retries"])
+                if retries is not None:
+                    out[f"{dev}/alloc_retries"] = float(retries)
         if stats_due and self.kind == "cuda" and hasattr(m, "host_memory_stats"):
             # Pinned host memory (DataLoader pin_memory, non_blocking copies): it lives in
             # the process's RSS, held by CUDA's host allocator and its cache.

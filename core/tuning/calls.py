@@ -18,6 +18,8 @@ from typing import Any
 from torchmem.probe.backends import peak_rss, reset_peak_rss
 from torchmem.probe.heap import trim_heap
 from torchmem.probe.runner import is_oom
+from torchmem.retry_streaks import METRIC as RETRIES
+from torchmem.retry_streaks import RetryStreaks
 
 #: A message longer than this is cut (it travels through a pipe from a forked trial).
 MESSAGE_CHARS = 2000
@@ -54,14 +56,18 @@ def measure_calls(fn: Callable[[int], Any], batch: int, steps: int, device: str)
         module.empty_cache()  # what an earlier trial of this process left cached is not ours
         module.reset_peak_memory_stats(index)
     times: list[float] = []
+    retries = RetryStreaks()
     status, message, code = "finished", "", 0
     try:
-        for _ in range(steps + 1):
+        for step in range(steps + 1):
             started = time.perf_counter()
             fn(batch)
             if accel is not None:
                 accel[0].synchronize(accel[1])  # a trial may sync: it is not the user's run
             times.append(time.perf_counter() - started)
+            if accel is not None:  # each call's retries: a size that thrashes does not fit
+                count = accel[0].memory_stats(accel[1]).get("num_alloc_retries", 0)
+                retries.on_boundary(step, {f"{device}/{RETRIES}": float(count)})
     except Exception as exc:
         oom = is_oom(exc)
         status, code = ("out of memory" if oom else "failed"), 1
@@ -81,6 +87,7 @@ def measure_calls(fn: Callable[[int], Any], batch: int, steps: int, device: str)
         module, index = accel
         summary["peak_bytes"] = {device: int(module.max_memory_allocated(index))}
         summary["peak_reserved_bytes"] = {device: int(module.max_memory_reserved(index))}
+        summary["alloc_retry_steps"] = retries.longest()
         if code:
             gc.collect()  # what the failed step left (in this process) goes back to the device
             module.empty_cache()

@@ -117,7 +117,8 @@ def _on_the_cpu_mode() -> Any:
     forward failed ("found two different devices cuda:0, cpu"): no CUDA script could be
     predicted. Here a ``device=`` of a factory becomes the CPU, ``Tensor.to`` keeps only
     its dtype, and ``Tensor.cuda``/``pin_memory`` return the tensor. That also lets a
-    CUDA script be predicted on a machine without CUDA.
+    CUDA script be predicted on a machine without CUDA. ``copy.deepcopy`` of a tensor
+    becomes a clone (a fake storage cannot be deep-copied).
     """
     import torch
     from torch.overrides import TorchFunctionMode
@@ -128,6 +129,17 @@ def _on_the_cpu_mode() -> Any:
         *(getattr(torch.Tensor, name) for name in ("xpu", "mps") if hasattr(torch.Tensor, name)),
     }
 
+    deepcopy = torch.Tensor.__deepcopy__
+
+    def _fake_copy(tensor: Any, memo: dict[int, Any] | None) -> Any:
+        # copy.deepcopy of a fake tensor clones its storage onto "meta", which torch
+        # refuses; Lightning's self.log deep-copies a metric's default state. A fake
+        # clone has the same shape, dtype and bytes, which is all the count needs.
+        copied = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+        if memo is not None:
+            memo[id(tensor)] = copied
+        return copied
+
     class OnTheCpu(TorchFunctionMode):
         def __torch_function__(
             self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -135,6 +147,8 @@ def _on_the_cpu_mode() -> Any:
             kwargs = dict(kwargs or {})
             if func in same:
                 return args[0]
+            if func is deepcopy:
+                return _fake_copy(args[0], args[1] if len(args) > 1 else None)
             if func is torch.Tensor.to:
                 tensor = args[0]
                 _device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(
@@ -155,17 +169,20 @@ def _on_the_cpu_mode() -> Any:
     return OnTheCpu()
 
 
-def _patch_module_to() -> tuple[Any, Any]:
-    """``Module.to`` and ``Module.cuda`` under FakeTensorMode: a no-op unless the dtype
-    changes. Returns the originals, to put back.
+def _patch_module_to() -> dict[str, Any]:
+    """``Module.to``, ``Module.cuda`` and ``Module.cpu`` under FakeTensorMode: a no-op
+    unless the dtype changes. Returns the originals by name, to put back.
 
     torch swaps fake parameters for their converted copies, which fails when the copy is
     the parameter itself ("Couldn't swap Conv2d.weight"): with every tensor kept on the
     CPU (:func:`_on_the_cpu_mode`), any move is such a no-op, so it is skipped; a dtype
-    change still runs."""
+    change still runs. ``cpu`` too: Lightning's teardown moves the model back to the CPU
+    while the step's end unwinds, and the failed swap then replaced :class:`StepEnded`."""
     import torch
 
-    original_to, original_cuda = torch.nn.Module.to, torch.nn.Module.cuda
+    module = torch.nn.Module
+    originals = {name: getattr(module, name) for name in ("to", "cuda", "cpu")}
+    original_to = originals["to"]
 
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         _device, dtype, _blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
@@ -174,12 +191,12 @@ def _patch_module_to() -> tuple[Any, Any]:
             return self
         return original_to(self, *args, **kwargs)
 
-    def cuda(self: Any, device: Any = None) -> Any:
+    def stays(self: Any, device: Any = None) -> Any:
         return self
 
-    torch.nn.Module.to = to  # type: ignore[method-assign]
-    torch.nn.Module.cuda = cuda  # type: ignore[method-assign]
-    return original_to, original_cuda
+    module.to = to  # type: ignore[method-assign]
+    module.cuda = module.cpu = stays  # type: ignore[method-assign]
+    return originals
 
 
 def one_step(script: str, argv: list[str], caveats: list[str] | None = None) -> int:
@@ -198,7 +215,7 @@ def one_step(script: str, argv: list[str], caveats: list[str] | None = None) -> 
         raise StepEnded()
 
     torch.autograd.backward = backward
-    original_to, original_cuda = _patch_module_to()
+    module_moves = _patch_module_to()
     saved_argv = sys.argv
     sys.argv = [script, *argv]
     try:
@@ -207,7 +224,8 @@ def one_step(script: str, argv: list[str], caveats: list[str] | None = None) -> 
     except StepEnded:
         for (dtype, value), count in counter.stand_ins.items():
             said = (
-                f"a {dtype} value read before backward (.item()) was given {value!r} "
+                f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} value read before backward "
+                f"(.item()) was given {value!r} "
                 f"({count} time{'s' * (count > 1)} a step): the step's memory must not "
                 "depend on it"
             )
@@ -225,8 +243,8 @@ def one_step(script: str, argv: list[str], caveats: list[str] | None = None) -> 
     finally:
         sys.argv = saved_argv
         torch.autograd.backward = original_backward
-        torch.nn.Module.to = original_to  # type: ignore[method-assign]
-        torch.nn.Module.cuda = original_cuda  # type: ignore[method-assign]
+        for name, original in module_moves.items():
+            setattr(torch.nn.Module, name, original)
     raise PredictionFailed("the script ended without a backward pass: no training step to predict")
 
 

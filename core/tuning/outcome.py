@@ -12,6 +12,10 @@ from typing import Any
 from torchmem.tuning.model import Fit
 from torchmem.tuning.noise import MARGIN_SDS, BatchEffect, Noise
 
+#: Consecutive steps with allocator retries that make a size not fit (Composer's rule):
+#: the allocator freed its whole cache and retried on each, the edge of out of memory.
+THRASH_STEPS = 2
+
 
 class TuneError(Exception):
     """The search cannot give a recommendation; the message says why and what to do."""
@@ -47,17 +51,34 @@ class Trial:
     eval_forwards: int | None = None
     #: The processes of a job trial (its ranks); None for a script or a function.
     ranks: int | None = None
+    #: The longest run of consecutive steps on which an accelerator's allocator freed its
+    #: cache and retried, over the trial's devices (every rank's): 0 on the CPU.
+    retry_steps: int = 0
+
+    @property
+    def thrashed(self) -> bool:
+        """True when the allocator retried on :data:`THRASH_STEPS` consecutive steps."""
+        return self.retry_steps >= THRASH_STEPS
 
     def fits(self, limit: float) -> bool:
-        """True when the trial ran its steps and stayed at or under ``limit``."""
-        return self.ok and self.peak_bytes is not None and self.peak_bytes <= limit
+        """True when the trial ran its steps, stayed at or under ``limit`` and did not
+        thrash the allocator."""
+        return (
+            self.ok
+            and not self.thrashed
+            and self.peak_bytes is not None
+            and self.peak_bytes <= limit
+        )
 
     def verdict(self, limit: float) -> str:
-        """``fits``, ``over the limit``, ``out of memory`` or ``failed``."""
+        """``fits``, ``over the limit``, ``allocator thrash``, ``out of memory`` or
+        ``failed``."""
         if self.oom:
             return "out of memory"
         if not self.ok:
             return "failed"
+        if self.thrashed:
+            return "allocator thrash"
         return "fits" if self.fits(limit) else "over the limit"
 
     def describe(self, limit: float) -> str:
@@ -90,6 +111,7 @@ class Trial:
             "message": self.message,
             "eval_forwards": self.eval_forwards,
             "ranks": self.ranks,
+            "retry_steps": self.retry_steps,
         }
 
 

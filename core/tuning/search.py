@@ -148,11 +148,14 @@ class BatchSearch:
 
     @property
     def failed(self) -> int | None:
-        """The smallest size that did not fit (or crossed the limit) in some run so far."""
+        """The smallest size that did not fit (crossed the limit, or thrashed the
+        allocator) in some run so far."""
         sizes = [
             t.batch_size
             for t in self.trials
-            if (t.oom or (t.ok and t.peak_bytes is not None and t.peak_bytes > self.limit))
+            if t.oom
+            or t.thrashed
+            or (t.ok and t.peak_bytes is not None and t.peak_bytes > self.limit)
         ]
         return min(sizes) if sizes else None
 

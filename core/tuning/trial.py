@@ -27,9 +27,11 @@ from typing import IO, Any
 
 import psutil
 
+from torchmem.probe.backends import RETRIES_ENV
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.record.library import new_session_path
 from torchmem.tuning.model import Fit, Rounding
+from torchmem.tuning.outcome import THRASH_STEPS
 from torchmem.tuning.search import (
     BatchSearch,
     Trial,
@@ -143,11 +145,14 @@ def trial_command(plan: TrialPlan, batch: int, summary: str) -> list[str]:
 def start_child(command: list[str], cwd: str | None, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
     """Start a child of the search (a trial, the fake steps): its own process group, so
     that ending it ends what it started, no terminal input or output, its errors into
-    ``stderr``, and ended with this process whatever kills it (parent_watch)."""
+    ``stderr``, ended with this process whatever kills it (parent_watch), and the
+    allocator's retries read at every step boundary."""
     return subprocess.Popen(
         command,
         cwd=cwd,
-        env={**os.environ, PARENT_ENV: str(os.getpid())},
+        # Each step's allocator retries are read, so that a size that thrashes counts as
+        # not fitting (every rank of a job inherits it).
+        env={**os.environ, PARENT_ENV: str(os.getpid()), RETRIES_ENV: "1"},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=stderr,
@@ -404,6 +409,7 @@ def measured_trial(
         "duration_s": duration,
         "eval_forwards": _int(summary.get("eval_forwards")),
         "ranks": ranks,
+        "retry_steps": max((summary.get("alloc_retry_steps") or {}).values(), default=0),
     }
     if over_budget is not None:
         message = (
@@ -442,6 +448,12 @@ def measured_trial(
             "backward() was seen): a trial measures training steps",
         )
     note = "" if steps > plan.steps else f"only {steps} step(s) ran: the script ended first"
+    if base["retry_steps"] >= THRASH_STEPS:
+        note = (
+            f"the allocator freed its cache and retried on {base['retry_steps']} consecutive "
+            "steps (num_alloc_retries): the edge of out of memory, slower, and the next "
+            "run may fail; counted as not fitting"
+        )
     return Trial(**base, ok=True, oom=False, message=note)
 
 
