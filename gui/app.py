@@ -124,8 +124,7 @@ def main(opts: argparse.Namespace) -> int:
     if getattr(opts, "isolated", False):
         window.act_isolated.setChecked(True)
     if getattr(opts, "attach_entry", None):
-        from torchmem.cli.attach import entry_from_file
-        from torchmem.transport.client import AttachError
+        from torchmem.transport.client import AttachError, entry_from_file
 
         try:
             entry = entry_from_file(opts.attach_entry, opts.address)

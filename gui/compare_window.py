@@ -20,9 +20,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from torchmem.cli.report import recorded_summary
 from torchmem.record.compare import CompareRow, aligned, common_keys, compare_row, run_labels
 from torchmem.record.replay import Recording
+from torchmem.report.recorded import recorded_summary
 from torchmem.series import series_label
 from torchmem.units import UNITS, auto_unit, format_bytes, format_duration
 

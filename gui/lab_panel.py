@@ -36,9 +36,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from torchmem.cli.lab import format_rate, format_seconds, jobs_of, write_csv
 from torchmem.lab.measure import Job, Row
 from torchmem.lab.ops import BUILTIN, ExpressionError, expression
+from torchmem.lab.results import format_rate, format_seconds, jobs_of, write_csv
 from torchmem.lab.runner import LabCancelled, LabError, run_lab
 from torchmem.probe import nvml
 from torchmem.units import format_bytes
@@ -427,10 +427,15 @@ class LabPanel(JobPanel):
         --csv``); False, said in red, when it cannot be written."""
         if Path(path).suffix.lower() == ".png":
             ok = self.plots.grab().save(path)
-        else:
-            ok = write_csv(path, self.rows)
-        self.say(f"Saved {path}" if ok else f"Cannot write {path}", error=not ok)
-        return ok
+            self.say(f"Saved {path}" if ok else f"Cannot write {path}", error=not ok)
+            return ok
+        try:
+            write_csv(path, self.rows)
+        except OSError as exc:
+            self.say(f"Cannot write {path}: {exc.strerror or exc}", error=True)
+            return False
+        self.say(f"Saved {path}")
+        return True
 
 
 def _pair(first: QWidget, second: QWidget) -> QWidget:

@@ -18,14 +18,14 @@ from PySide6.QtGui import QPainter
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QApplication, QFileDialog, QWidget
 
-from torchmem.cli.report import export_csv, recorded_summary
-from torchmem.cli.summary import run_summary, write_summary
 from torchmem.leaks.oom import explain_oom
 from torchmem.record.census_diff import recorded_censuses
 from torchmem.record.library import DEFAULT_CAP_BYTES
 from torchmem.record.replay import load
 from torchmem.record.runs import RunRecorder
 from torchmem.record.store import RecordError, SessionFile
+from torchmem.report.recorded import export_csv, recorded_summary
+from torchmem.report.summary import run_summary, write_summary
 from torchmem.session import Session
 
 from .census_diff_dialog import CensusDiffDialog

@@ -42,7 +42,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from torchmem.cli.tune import tune_summary
 from torchmem.probe import nvml
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.tuning.budget import budget_bytes, default_budget, headroom_bytes
@@ -51,6 +50,7 @@ from torchmem.tuning.model import Fit
 from torchmem.tuning.noise import BatchEffect
 from torchmem.tuning.predict import Prediction, can_predict, predict
 from torchmem.tuning.search import Trial, TuneCancelled, TuneError, TuneResult
+from torchmem.tuning.summary import tune_summary
 from torchmem.tuning.trial import (
     TrialPlan,
     plan_search,

@@ -78,9 +78,9 @@ def test_detach_leaves_the_process_running(qtbot, make_window, served_proc):
     assert served_proc.poll() is None, "detaching never stops the script"
     assert window.act_attach.isEnabled() and window.act_run.isEnabled() is False  # no script
     # What the window showed is recorded, and reads back as a detach, not a crash.
-    from torchmem.cli.report import recorded_summary
     from torchmem.record.library import list_sessions, sessions_dir
     from torchmem.record.replay import load
+    from torchmem.report.recorded import recorded_summary
 
     window.recordings.recorder.wait_closed()
     (entry,) = list_sessions(sessions_dir())

@@ -579,8 +579,8 @@ def test_a_script_blocked_in_a_c_call_is_said_and_can_be_abandoned(qtbot, window
     assert window.session.run_finished.message.startswith("abandoned")
     assert not window.source.abandoned and not window.source.running
     # Its recording reads back as it ended: stopped, abandoned, not a crash at 0.0 s.
-    from torchmem.cli.report import recorded_summary
     from torchmem.record.replay import load
+    from torchmem.report.recorded import recorded_summary
 
     window.recordings.recorder.wait_closed()
     data = recorded_summary(load(window.recordings.recorder.last_path))

@@ -11,9 +11,9 @@ import psutil
 import pytest
 import torch
 
-from torchmem.cli.lab import jobs_of
 from torchmem.lab.measure import Job, measure
 from torchmem.lab.ops import ExpressionError, expression
+from torchmem.lab.results import jobs_of
 from torchmem.lab.runner import LabCancelled, run_lab
 
 # Starts torchmem, agent or training processes (conftest checks the mark).

@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 from helpers import census_of, check_summary
 
-from torchmem.cli.report import recorded_summary
-from torchmem.cli.summary import step_time
 from torchmem.events import (
     Alert,
     AlertKind,
@@ -38,6 +36,8 @@ from torchmem.record import library
 from torchmem.record.recorder import start_recording
 from torchmem.record.replay import load
 from torchmem.record.store import RecordError, SessionFile
+from torchmem.report.recorded import recorded_summary
+from torchmem.report.summary import step_time
 from torchmem.session import Session
 from torchmem.tensors.model import Census, StorageInfo, TensorInfo
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from helpers import check_summary
 
-from torchmem.cli.summary import run_summary
 from torchmem.events import Marker, MarkerKind, Sample
 from torchmem.probe.backends import RETRIES_ENV, TorchAllocatorBackend
+from torchmem.report.summary import run_summary
 from torchmem.retry_streaks import RetryStreaks
 from torchmem.session import Session
 from torchmem.tuning.search import BatchSearch, Trial

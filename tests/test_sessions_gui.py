@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from torchmem.cli.report import recorded_summary
 from torchmem.gui.sessions_dialog import SessionModel, SessionsDialog
 from torchmem.record.library import list_sessions, sessions_dir
 from torchmem.record.replay import load
+from torchmem.report.recorded import recorded_summary
 
 RUN_TIMEOUT_MS = 120_000
 

@@ -4,37 +4,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
-from pathlib import Path
 
 from torchmem.cli.paths import check_paths
-from torchmem.cli.summary import build_summary, rank_row, write_summary
 from torchmem.record.recorder import start_recording
 from torchmem.record.store import RecordError
+from torchmem.report.summary import build_summary, rank_row, write_summary
 from torchmem.session import Session
 from torchmem.sources.attached import AttachedRun
-from torchmem.transport.client import AttachError
+from torchmem.transport.client import AttachError, entry_from_file
 from torchmem.transport.discovery import AgentEntry
 from torchmem.transport.hosts import job_hosts
 from torchmem.transport.ssh import SshHost
 from torchmem.units import format_bytes
-
-
-def entry_from_file(path: str, address: str | None = None) -> AgentEntry:
-    """An agent entry copied from another machine, reached at ``address`` (the local end
-    of an SSH-forwarded socket). Raises AttachError with what is wrong."""
-    try:
-        data = json.loads(Path(path).read_text())
-        entry = AgentEntry.from_json(data)
-    except OSError as exc:
-        raise AttachError(f"cannot read the agent entry {path}: {exc.strerror}") from None
-    except (ValueError, TypeError):
-        raise AttachError(f"{path} is not a torchmem agent entry (agent-PID.json)") from None
-    if address:
-        entry.address = address
-    return entry
 
 
 def attach_command(parser: argparse.ArgumentParser, argv: list[str]) -> int:

@@ -9,49 +9,16 @@ prints the rows as a JSON list instead, ``--csv`` writes them too.
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
-from torchmem.lab.measure import Job, Row
-from torchmem.lab.ops import BUILTIN, ExpressionError, operation
+from torchmem.lab.measure import Row
+from torchmem.lab.ops import BUILTIN, ExpressionError
+from torchmem.lab.results import format_rate, format_seconds, jobs_of, write_csv
 from torchmem.lab.runner import LabCancelled, LabError, run_lab
 from torchmem.units import format_bytes
-
-#: The columns of the table and of ``--csv``, in order.
-CSV_COLUMNS = (
-    "op", "code", "size", "dtype", "device", "result_bytes", "peak_extra_bytes",
-    "allocations", "shares_input_storage", "median_s", "rate", "rate_unit", "saved_bytes",
-    "saved", "why", "skipped", "error",
-)  # fmt: skip
-
-
-def jobs_of(
-    ops: Sequence[str],
-    sizes: Sequence[int],
-    dtypes: Sequence[str],
-    devices: Sequence[str],
-    repeats: int = 5,
-    grad: bool = False,
-) -> list[Job]:
-    """Every combination, operation by operation; ValueError for a bad expression or
-    size (checked here, before any process starts)."""
-    if not ops:
-        raise ValueError("choose at least one operation or expression")
-    if not sizes or any(n < 1 for n in sizes):
-        raise ValueError("sizes must be positive integers, e.g. 256,1024,4096")
-    for op in ops:
-        operation(op)  # ExpressionError (a ValueError) says what is wrong
-    return [
-        Job(op, n, dtype, device, repeats, grad)
-        for op in ops
-        for dtype in dtypes
-        for device in devices
-        for n in sizes
-    ]
 
 
 def lab_headless(
@@ -97,25 +64,13 @@ def lab_headless(
         print(json.dumps([r.to_json() for r in rows], indent=1))
     else:
         print(_legend(rows))
-    if csv_path and not write_csv(csv_path, rows):
-        return 1
+    if csv_path:
+        try:
+            write_csv(csv_path, rows)
+        except OSError as exc:
+            sys.stderr.write(f"torchmem: cannot write {csv_path}: {exc.strerror or exc}\n")
+            return 1
     return 1 if any(r.error for r in rows) else 0
-
-
-def write_csv(path: str, rows: Sequence[Row]) -> bool:
-    """Write ``rows`` as CSV; False (said on stderr) when the file cannot be written."""
-    try:
-        with Path(path).open("w", newline="") as f:
-            writer = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore")
-            writer.writeheader()
-            for row in rows:
-                data = row.to_json()
-                data["saved"] = "; ".join(row.saved)
-                writer.writerow(data)
-    except OSError as exc:
-        sys.stderr.write(f"torchmem: cannot write {path}: {exc.strerror or exc}\n")
-        return False
-    return True
 
 
 def _header(grad: bool) -> str:
@@ -154,26 +109,4 @@ def _bytes(value: int | None) -> str:
     return format_bytes(value) if value is not None else "-"
 
 
-def format_seconds(value: float | None) -> str:
-    """``12.3 µs``, ``4.56 ms``, ``1.23 s``."""
-    if value is None:
-        return "-"
-    if value < 1e-3:
-        return f"{value * 1e6:.1f} µs"
-    if value < 1:
-        return f"{value * 1e3:.2f} ms"
-    return f"{value:.2f} s"
-
-
-def format_rate(value: float | None, unit: str) -> str:
-    """``12.3 GB/s`` or ``4.56 TFLOP/s`` (decimal prefixes, as bandwidths are quoted)."""
-    if value is None:
-        return "-"
-    base = "FLOP/s" if unit == "FLOP/s" else "B/s"
-    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.3g} {prefix}{base}"
-    return f"{value:.3g} {base}"
-
-
-__all__ = ["BUILTIN", "CSV_COLUMNS", "jobs_of", "lab_headless", "write_csv"]
+__all__ = ["BUILTIN", "lab_headless"]

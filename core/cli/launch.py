@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from torchmem.cli.summary import build_summary, rank_row, write_summary
+from torchmem.report.summary import build_summary, rank_row, write_summary
 from torchmem.resources import path as resource_path
 from torchmem.session import Session
 from torchmem.sources.follow import follow

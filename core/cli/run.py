@@ -12,7 +12,6 @@ import os
 import sys
 from typing import Any
 
-from torchmem.cli.summary import build_summary, step_time, write_summary
 from torchmem.events import (
     AlertKind,
     Event,
@@ -30,6 +29,7 @@ from torchmem.probe.parent_watch import ParentWatch
 from torchmem.probe.runner import EXIT_STOPPED
 from torchmem.record.recorder import start_recording
 from torchmem.record.store import RecordError
+from torchmem.report.summary import build_summary, step_time, write_summary
 from torchmem.session import Session
 from torchmem.sources.base import Script
 from torchmem.sources.inprocess import InProcessSource

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torchmem import __version__
@@ -233,3 +235,18 @@ class AgentClient:
         self._thread = None
         if not self.close_reason:
             self._finish("closed")
+
+
+def entry_from_file(path: str, address: str | None = None) -> AgentEntry:
+    """An agent entry copied from another machine, reached at ``address`` (the local end
+    of an SSH-forwarded socket). Raises AttachError with what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+        entry = AgentEntry.from_json(data)
+    except OSError as exc:
+        raise AttachError(f"cannot read the agent entry {path}: {exc.strerror}") from None
+    except (ValueError, TypeError):
+        raise AttachError(f"{path} is not a torchmem agent entry (agent-PID.json)") from None
+    if address:
+        entry.address = address
+    return entry
