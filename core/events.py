@@ -91,9 +91,12 @@ class RunStatus(str, Enum):
     #: Ended from outside while attached (kill -9, a crash, the OOM killer): nobody saw
     #: its exit status, so ``exit_code`` is :data:`EXIT_UNKNOWN`.
     KILLED = "killed or crashed"
+    #: A process watched from outside (no agent) exited: only its parent can read how,
+    #: so ``exit_code`` is :data:`EXIT_UNKNOWN`; never reported as finished.
+    ENDED = "ended"
 
 
-#: ``RunFinished.exit_code`` of a run whose exit status nobody saw (``RunStatus.KILLED``).
+#: ``RunFinished.exit_code`` of a run whose exit status nobody saw (``KILLED``, ``ENDED``).
 EXIT_UNKNOWN = -1
 
 
@@ -114,7 +117,7 @@ class RunFinished:
 
         code = (
             "exit status unknown"
-            if self.status is RunStatus.KILLED
+            if self.exit_code == EXIT_UNKNOWN
             else f"exit code {self.exit_code}"
         )
         return (

@@ -112,6 +112,10 @@ def test_attach_without_agent_watches_from_outside_and_says_what_is_missing(
         proc.wait()
         qtbot.waitUntil(lambda: not window.running, timeout=10_000)
         assert f"process {proc.pid} exited" in log_text(window)
+        # Killed from outside: only its parent saw how. Never "Finished (exit code 0)".
+        assert window.run_label.text().startswith("Ended (exit status unknown)"), (
+            window.run_label.text()
+        )
     finally:
         if proc.poll() is None:
             proc.kill()

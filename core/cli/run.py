@@ -16,8 +16,6 @@ from torchmem.events import (
     AlertKind,
     Event,
     LogRecord,
-    Marker,
-    MarkerKind,
     RunFinished,
     RunStatus,
     Stream,
@@ -38,26 +36,6 @@ from torchmem.units import format_bytes
 #: Exit code of ``torchmem run --fail-on-leak`` when a leak alert fired.
 EXIT_LEAK = 4
 LEAK_KINDS = (AlertKind.LEAK, AlertKind.EPOCH_GROWTH, AlertKind.WORKER_GROWTH)
-
-
-class StepLimit:
-    """Stops the run cleanly once it has made ``steps`` steps (``--max-steps``)."""
-
-    def __init__(self, source: InProcessSource, steps: int) -> None:
-        self.source = source
-        self.steps = steps
-        self.reached = False
-        source.session.subscribe(self._on_event)
-
-    def _on_event(self, event: Event) -> None:
-        if (
-            not self.reached
-            and isinstance(event, Marker)
-            and event.kind is MarkerKind.STEP
-            and event.step >= self.steps
-        ):
-            self.reached = True
-            self.source.request_stop()
 
 
 def summary(session: Session, source: InProcessSource, result: RunFinished) -> dict[str, Any]:
@@ -163,7 +141,6 @@ def run_headless(
             sys.stderr.write(f"torchmem: {exc}\n")
             source.close()
             return 2
-    limit = StepLimit(source, max_steps) if max_steps else None
     # A few steps of a long training (a tuning trial): did they include an evaluation?
     evals = EvalWatch() if max_steps else None
     if evals is not None:
@@ -199,7 +176,14 @@ def run_headless(
             )
     try:
         result = source.run_script(
-            Script(script, tuple(args), cwd, capture_output=agent is not None, echo=echo)
+            Script(
+                script,
+                tuple(args),
+                cwd,
+                capture_output=agent is not None,
+                echo=echo,
+                max_steps=max_steps or None,
+            )
         )
     finally:
         if evals is not None:
@@ -209,14 +193,6 @@ def run_headless(
         source.close()
         if agent is not None:
             agent.close()
-    if limit is not None and limit.reached and result.status is RunStatus.STOPPED:
-        result = RunFinished(
-            result.t,
-            RunStatus.FINISHED,
-            0,
-            f"stopped after {max_steps} steps (--max-steps)",
-            duration_s=result.duration_s,
-        )
     data = summary(session, source, result)
     if max_steps:
         data["max_steps"] = max_steps

@@ -27,7 +27,7 @@ from torchmem.events import Event, RunFinished, RunStarted, RunStatus, Stream
 from torchmem.probe.allocator import allocator_settings
 from torchmem.probe.log_batch import LogBatcher
 from torchmem.probe.pipe_lines import PipeLines, whole_lines
-from torchmem.probe.steps import ScriptStopped, StepTracker
+from torchmem.probe.steps import ScriptStopped, StepLimitReached, StepTracker
 
 EXIT_STOPPED = 130  # what a shell reports for a run ended by Ctrl+C
 
@@ -315,6 +315,8 @@ class ScriptRunner:
                 os.chdir(self.cwd)
             runpy.run_path(str(path), run_name="__main__")
             message = "finished"
+        except StepLimitReached:
+            message = f"stopped after {self.tracker.steps} steps (--max-steps)"
         except SystemExit as exc:
             code, message = self._exit_code(exc)
             status = RunStatus.FINISHED if code == 0 else RunStatus.FAILED

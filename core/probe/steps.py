@@ -40,9 +40,10 @@ class ScriptStopped(BaseException):
 
 
 class StepLimitReached(SystemExit):
-    """Ends a served process with exit code 0 after its last allowed step
-    (``torchmem run --max-steps N -- COMMAND``): a SystemExit, so the interpreter exits
-    as if the script had returned, running its ``finally`` blocks and exit handlers."""
+    """Ends a run with exit code 0 after its last allowed step (``torchmem run
+    --max-steps N``, a script or each process of a COMMAND): a SystemExit, so a served
+    interpreter exits as if the script had returned, running its ``finally`` blocks and
+    exit handlers, and a run in this process ends finished."""
 
 
 class StepTracker:

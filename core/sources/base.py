@@ -36,6 +36,9 @@ class Script:
     #: isolated child turns it off: its window reads the child's terminal for what the
     #: capture cannot see (worker processes, C libraries), and would get the rest twice.
     echo: bool = True
+    #: End the run cleanly (finished, exit code 0) once it has made this many steps
+    #: (``--max-steps``, a tuning trial); None: never.
+    max_steps: int | None = None
 
 
 @runtime_checkable

@@ -165,6 +165,7 @@ class InProcessSource:
             on_oom=self._on_oom,
             echo=script.echo,
         )
+        runner.tracker.limit = script.max_steps
         self._runner = runner
         _active = self
         self.census_schedule.reset()

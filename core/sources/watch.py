@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import psutil
 
-from torchmem.events import RunFinished, RunStarted, RunStatus
+from torchmem.events import EXIT_UNKNOWN, RunFinished, RunStarted, RunStatus
 from torchmem.probe.backends import backends_capacity, process_backends
 from torchmem.probe.sampler import Sampler
 from torchmem.session import Session
+from torchmem.sources.vanished import oom_killer_hint
 from torchmem.transport.client import AttachError
 
 
@@ -61,7 +62,20 @@ class ProcessWatchSource:
         self.ended = True
         self.sampler.stop()
         s = self.session
-        s.submit(RunFinished(s.now(), RunStatus.FINISHED, 0, f"process {self.pid} exited"))
+        # Only its parent can read how it exited: never "finished, code 0". Its last
+        # readings may still say that the machine ran out of RAM.
+        hint = oom_killer_hint(s)
+        started = s.run_started
+        s.submit(
+            RunFinished(
+                s.now(),
+                RunStatus.KILLED if hint else RunStatus.ENDED,
+                EXIT_UNKNOWN,
+                f"process {self.pid} exited (watched from outside: its exit status is its "
+                f"parent's to read){hint}",
+                duration_s=s.now() - started.t if started is not None else 0.0,
+            )
+        )
         return False
 
     def close(self) -> None:
