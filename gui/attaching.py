@@ -75,8 +75,7 @@ class Attaching(QObject):
         w.clear_views()
         self.ssh = (pid, list(hosts)) if hosts else None
         self._lost_shown = set()
-        run = w.runs.start_attach(pid, w.rate_spin.value(), entries, inject, hosts)
-        w.tensors.referrers = run.referrers
+        w.runs.start_attach(pid, w.rate_spin.value(), entries, inject, hosts)
         where = ", ".join(h.target for h in hosts or [])
         what = f"pid {pid}" if pid is not None else where
         if pid is not None and where:

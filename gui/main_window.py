@@ -182,6 +182,10 @@ class MainWindow(QMainWindow):
         self.tensors = TensorPanel(self.session)
         self.tensors.refresh_requested.connect(lambda: self.run_command("census"))
         self.tensors.auto_toggled.connect(self._set_auto_census)
+        # What keeps a tensor alive is asked of the run's process in the command thread:
+        # an agent may take seconds to answer, never while the window waits.
+        self.tensors.ask_referrers = self.runs.ask_referrers
+        self.runs.referrers_found.connect(self.tensors.referrers_found)
         self.tensors_dock = QDockWidget("Tensors", self)
         self.tensors_dock.setObjectName("tensors_dock")
         self.tensors_dock.setWidget(self.tensors)
@@ -658,7 +662,6 @@ class MainWindow(QMainWindow):
             self.act_isolated.isChecked(),
             allocator_env(self.allocator_conf),
         )
-        self.tensors.referrers = self.target.referrers
         self.update_actions()
         return True
 

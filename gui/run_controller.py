@@ -48,6 +48,10 @@ class RunController(QObject):
     inject_due = Signal(int)
     #: Ask the command thread to run a command by name.
     command_requested = Signal(str)
+    #: Ask the command thread what keeps a tensor alive: (request id, TensorInfo).
+    referrers_requested = Signal(int, object)
+    #: What keeps a tensor alive: (request id, the answer dict, or why none came).
+    referrers_found = Signal(int, object)
 
     def __init__(self, source: InProcessSource, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -77,6 +81,9 @@ class RunController(QObject):
         self._command_worker = CommandWorker(lambda: self.target)
         self._command_thread = start_in_thread(self._command_worker, "torchmem-commands")
         self.command_requested.connect(self._command_worker.run)
+        self.referrers_requested.connect(self._command_worker.find_referrers)
+        self._command_worker.referrers_found.connect(self.referrers_found)
+        self._referrer_requests = 0
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -232,6 +239,13 @@ class RunController(QObject):
             self.source.command(name)
             return
         self.command_requested.emit(name)
+
+    def ask_referrers(self, tensor: object) -> int:
+        """Ask the current target what keeps ``tensor`` alive, in the command thread; the
+        answer comes by :attr:`referrers_found` with the request id returned here."""
+        self._referrer_requests += 1
+        self.referrers_requested.emit(self._referrer_requests, tensor)
+        return self._referrer_requests
 
     def set_rate(self, hz: float) -> None:
         """The sampling rate of this process, the isolated child and the attached run."""

@@ -47,8 +47,12 @@ class TensorPanel(QWidget):
 
     def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        #: Asks the process that owns the tensors what keeps one alive (None: this one).
-        self.referrers: Callable[[TensorInfo], dict[str, Any]] | None = None
+        #: Asks the process that owns the tensors what keeps one alive, off the GUI thread
+        #: (the window's ``RunController.ask_referrers``): returns a request id, and the
+        #: answer comes to :meth:`referrers_found`. None: looked up here, at once.
+        self.ask_referrers: Callable[[TensorInfo], int] | None = None
+        #: Open details dialogs waiting for an answer, by request id.
+        self._waiting: dict[int, TensorDetails] = {}
         self.session = session
         self.model = TensorModel(self)
         self._shown: CensusTaken | None = None
@@ -239,17 +243,36 @@ class TensorPanel(QWidget):
     def show_details(self, index: QModelIndex) -> None:
         """A dialog with the tensor's details and what keeps it alive."""
         info = self.model.info_at(index)
-        if info is None:
-            return
-        dialog = TensorDetails(
-            info,
-            self.model.census.storages.get(
-                info.key if isinstance(info, StorageInfo) else info.storage_key
-            ),
-            self,
-            self.referrers,
+        if info is not None:
+            self.open_details(info)
+
+    def open_details(self, info: StorageInfo | TensorInfo) -> TensorDetails:
+        """Show the details of ``info`` at once; what keeps it alive follows when the
+        process that owns it answers (an agent may take seconds)."""
+        storage = self.model.census.storages.get(
+            info.key if isinstance(info, StorageInfo) else info.storage_key
         )
+        tensor = info.tensors[0] if isinstance(info, StorageInfo) and info.tensors else info
+        if not isinstance(tensor, TensorInfo):
+            answer: dict[str, Any] | str | None = NOT_A_TENSOR
+        elif self.ask_referrers is None:
+            answer = local_referrers(tensor)
+        else:
+            answer = None
+        dialog = TensorDetails(info, storage, self, answer)
+        if answer is None and self.ask_referrers is not None:
+            request = self.ask_referrers(tensor)
+            self._waiting[request] = dialog
+            dialog.destroyed.connect(lambda: self._waiting.pop(request, None))
         dialog.show()
+        return dialog
+
+    @Slot(int, object)
+    def referrers_found(self, request: int, answer: object) -> None:
+        """An answer to :attr:`ask_referrers`: shown in the dialog that asked, if open."""
+        dialog = self._waiting.pop(request, None)
+        if dialog is not None and isinstance(answer, (dict, str)):
+            dialog.set_referrers(answer)
 
 
 class TensorDetails(QDialog):
@@ -260,12 +283,13 @@ class TensorDetails(QDialog):
         info: StorageInfo | TensorInfo,
         storage: StorageInfo | None,
         parent: QWidget | None = None,
-        referrers: Callable[[TensorInfo], dict[str, Any]] | None = None,
+        referrers: dict[str, Any] | str | None = None,
     ) -> None:
         super().__init__(parent)
         self.setAttribute(Qt.WA_DeleteOnClose)  # modeless: freed when closed, by Qt
         self.setWindowTitle(f"Tensor: {info.name}")
         self.resize(640, 420)
+        self.info, self.storage = info, storage
         text = QPlainTextEdit()
         text.setReadOnly(True)
         text.setPlainText(details_text(info, storage, referrers))
@@ -276,16 +300,32 @@ class TensorDetails(QDialog):
         layout.addWidget(buttons)
         self.text = text
 
+    def set_referrers(self, answer: dict[str, Any] | str) -> None:
+        """Show what keeps the tensor alive, as its process answered."""
+        self.text.setPlainText(details_text(self.info, self.storage, answer))
+
+
+#: What a storage's details say where no tensor views it (nothing to look up).
+NOT_A_TENSOR = ""
+
+
+def local_referrers(tensor: TensorInfo) -> dict[str, Any] | str:
+    """What keeps ``tensor`` alive, looked up in this process (a panel without a run)."""
+    try:
+        return referrers_of(tensor)
+    except Exception as exc:
+        return f"cannot look it up ({exc})"
+
 
 def details_text(
     info: StorageInfo | TensorInfo,
     storage: StorageInfo | None,
-    referrers: Callable[[TensorInfo], dict[str, Any]] | None = None,
+    referrers: dict[str, Any] | str | None = None,
 ) -> str:
     """The details shown for a storage or a tensor (plain text).
 
-    ``referrers`` is the source's lookup (:meth:`Source.referrers`: this process, or the
-    attached or isolated one's agent); without it the tensor is looked up here.
+    ``referrers`` is what the process that owns the tensor answered (:meth:`Source.
+    referrers`), the reason it could not, or None while the question is on its way.
     """
     tensor = info.tensors[0] if isinstance(info, StorageInfo) and info.tensors else info
     lines = [f"Name: {info.name}"]
@@ -310,12 +350,14 @@ def details_text(
             f"0x{storage.key[1]:x}, viewed by {len(storage.tensors)} tensor(s): "
             + ", ".join(t.name for t in storage.tensors[:8])
         )
-    if not isinstance(tensor, TensorInfo):
+    answer = referrers
+    if not isinstance(tensor, TensorInfo) or answer == NOT_A_TENSOR:
         return "\n".join(lines)
-    try:  # the one lookup, run where the tensor lives (an agent answers for its process)
-        answer = (referrers or referrers_of)(tensor)
-    except Exception as exc:  # a lost connection: say so in the dialog
-        lines.append(f"\nWhat keeps it alive: cannot ask the process ({exc}).")
+    if answer is None:
+        lines.append("\nWhat keeps it alive: asking the process…")
+        return "\n".join(lines)
+    if isinstance(answer, str):  # a lost connection, a process that ended
+        lines.append(f"\nWhat keeps it alive: {answer}.")
         return "\n".join(lines)
     if not answer.get("alive"):
         lines.append(

@@ -86,8 +86,11 @@ class AttachWorker(QObject):
 
 class CommandWorker(QObject):
     """Runs the target's commands (``probe.commands.COMMANDS``: gc.collect, empty_cache,
-    reset peaks, a census, allocation history, a snapshot, ...) off the GUI thread, one at
-    a time."""
+    reset peaks, a census, allocation history, a snapshot, ...) and its referrer lookups
+    off the GUI thread, one at a time."""
+
+    #: A referrers answer: (request id, the answer dict, or why none came, as text).
+    referrers_found = Signal(int, object)
 
     def __init__(self, target: Callable[[], Source]) -> None:
         super().__init__()
@@ -97,6 +100,16 @@ class CommandWorker(QObject):
     def run(self, name: str) -> None:
         """Run one command; its result lands in the Session."""
         self.target().command(name)
+
+    @Slot(int, object)
+    def find_referrers(self, request: int, tensor: object) -> None:
+        """Ask the process that owns ``tensor`` what keeps it alive (an agent may take
+        seconds to answer, or never: here, never in the GUI thread)."""
+        try:
+            answer: object = self.target().referrers(tensor)
+        except Exception as exc:  # a lost connection, a process that ended
+            answer = f"cannot ask the process ({exc})"
+        self.referrers_found.emit(request, answer)
 
 
 def start_in_thread(

@@ -40,10 +40,14 @@ def test_attach_shows_steps_and_censuses_then_stop_asks_and_ends_the_run(
     qtbot.waitUntil(lambda: window.tensors.model.census is not None, timeout=30_000)
     census = window.tensors.model.census
     buffer = next(t for t in census.tensors() if t.name == "served_buffer")
-    from torchmem.gui.tensor_panel import details_text
-
-    text = details_text(buffer, census.storages[buffer.storage_key], window.tensors.referrers)
-    assert "What keeps it alive (nearest first)" in text and "served_buffer" in text
+    # Asked of the process in the command thread: the dialog opens at once.
+    dialog = window.tensors.open_details(buffer)
+    qtbot.waitUntil(
+        lambda: "What keeps it alive (nearest first)" in dialog.text.toPlainText(),
+        timeout=30_000,
+    )
+    assert "served_buffer" in dialog.text.toPlainText().partition("alive (nearest")[2]
+    dialog.close()
 
     # Stop asks first: a "No" leaves the attached run going (someone's week-long training).
     from PySide6.QtWidgets import QMessageBox

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from PySide6.QtCore import QModelIndex, QSettings, Qt
@@ -10,7 +12,7 @@ from PySide6.QtWidgets import QTreeView
 from torchmem.events import CensusTaken
 from torchmem.gui.main_window import MainWindow
 from torchmem.gui.tensor_model import CHUNK, TensorModel
-from torchmem.gui.tensor_panel import TensorDetails, details_text
+from torchmem.gui.tensor_panel import TensorDetails, details_text, local_referrers
 from torchmem.probe.backends import ProcessBackend
 from torchmem.resources import demo_script
 from torchmem.session import Session
@@ -185,9 +187,9 @@ def test_second_refresh_highlights_new_storages_and_details_show_the_holder(
     row = rows["model.weight"]
     assert model.data(model.index(row, 1)) == "parameters"
     storage = model.storage(row)
-    text = details_text(storage, storage)
+    text = details_text(storage, storage, local_referrers(storage.tensors[0]))
     assert "Name: model.weight" in text and "Shape: [4, 16]" in text
-    assert "What keeps it alive" in text
+    assert "What keeps it alive (nearest first)" in text
     window.stop()
     qtbot.waitUntil(lambda: not window.running, timeout=RUN_TIMEOUT_MS)
 
@@ -207,11 +209,45 @@ def test_double_click_opens_details_with_the_holder(qtbot, window):
     window.tensors.view.doubleClicked.emit(model.index(0, 0, QModelIndex()))
     dialogs = window.tensors.findChildren(TensorDetails)
     assert len(dialogs) == 1
-    text = dialogs[0].text.toPlainText()
-    assert "Name: weights" in text and "Shape: [100, 10]" in text
-    assert "viewed by 2 tensor(s)" in text
-    assert "value of key 'weights' in a dict" in text
+    text = dialogs[0].text
+    qtbot.waitUntil(lambda: "value of key 'weights' in a dict" in text.toPlainText())
+    assert "Name: weights" in text.toPlainText() and "Shape: [100, 10]" in text.toPlainText()
+    assert "viewed by 2 tensor(s)" in text.toPlainText()
     dialogs[0].close()
+    del held
+
+
+def test_the_holder_is_asked_off_the_gui_thread_and_shown_when_it_comes(qtbot, window, monkeypatch):
+    # An attached agent may take seconds to answer: the dialog must open at once, the
+    # window stay responsive, and the answer fill the dialog when it comes.
+    census, held = small_census()
+    window.session.submit(CensusTaken(1.0, 3, census))
+    window.bridge.flush()
+    window.tensors.filter_edit.setText("weights")
+    target = window.runs.target
+    lookup = target.referrers
+    release = threading.Event()
+    asked_in: list[int] = []
+
+    def slow(tensor):
+        asked_in.append(threading.get_ident())
+        release.wait(10)
+        return lookup(tensor)
+
+    monkeypatch.setattr(target, "referrers", slow)
+    model = window.tensors.model
+    dialog = window.tensors.open_details(model.info_at(model.index(0, 0, QModelIndex())))
+    assert "What keeps it alive: asking the process…" in dialog.text.toPlainText()
+    qtbot.waitUntil(lambda: bool(asked_in))
+    assert asked_in[0] != threading.get_ident(), "asked in the GUI thread"
+    release.set()
+    qtbot.waitUntil(lambda: "value of key 'weights' in a dict" in dialog.text.toPlainText())
+    # A process that cannot answer is said in the dialog, not raised.
+    monkeypatch.setattr(target, "referrers", lambda t: (_ for _ in ()).throw(OSError("gone")))
+    second = window.tensors.open_details(model.info_at(model.index(0, 0, QModelIndex())))
+    qtbot.waitUntil(lambda: "cannot ask the process (gone)" in second.text.toPlainText())
+    dialog.close()
+    second.close()
     del held
 
 

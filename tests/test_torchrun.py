@@ -132,10 +132,14 @@ def test_window_shows_one_trace_per_rank_a_total_and_a_rank_filter(qtbot, make_w
         census = window.tensors.model.census
         assert all(d.startswith(("rank0/", "rank1/")) for d in census.devices())
         buffer = next(t for t in census.tensors() if t.name == "rank_buffer")
-        from torchmem.gui.tensor_panel import details_text
-
-        text = details_text(buffer, census.storages[buffer.storage_key], window.tensors.referrers)
-        assert "What keeps it alive (nearest first)" in text and "rank_buffer" in text
+        # Asked of the process in the command thread: the dialog opens at once.
+        dialog = window.tensors.open_details(buffer)
+        qtbot.waitUntil(
+            lambda: "What keeps it alive (nearest first)" in dialog.text.toPlainText(),
+            timeout=30_000,
+        )
+        assert "rank_buffer" in dialog.text.toPlainText().partition("alive (nearest")[2]
+        dialog.close()
         window.detach()
         qtbot.waitUntil(lambda: not window.running, timeout=10_000)
     finally:
