@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import subprocess
 from functools import cache
 from typing import Any
 
 import jsonschema
+import psutil
 
 from torchmem.resources import path as resource_path
 
@@ -46,3 +50,25 @@ def census_of(named: dict[str, list[int]], step: int) -> Any:
             )  # fmt: skip
             storages[key] = StorageInfo(key, nbytes, [tensor])
     return Census(storages, [], 0.01, step)
+
+
+def end_process_tree(proc: subprocess.Popen, sig: int = signal.SIGINT, grace: float = 60) -> None:
+    """Ask ``proc`` to end with ``sig`` (Ctrl+C, as a user would); after ``grace`` seconds
+    kill it and everything under it. Never waits without a limit: a descendant left alive
+    would hold ``proc``'s pipes open, and a read to their end would hang the test worker."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.communicate(timeout=grace)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    for p in [psutil.Process(proc.pid), *tree] if proc.poll() is None else tree:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.communicate(timeout=10)

@@ -7,7 +7,6 @@ each node's agents publish in a runtime directory of their own, as on separate m
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import stat
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import SCRIPTS
-from helpers import check_summary
+from helpers import check_summary, end_process_tree
 from sshd import Cluster, require_sshd
 from test_agent import wait_until
 
@@ -81,12 +80,7 @@ def agent_of(node, proc, timeout=90):
 
 
 def stop(proc):
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    end_process_tree(proc)
 
 
 def torchmem(*args, timeout=120):

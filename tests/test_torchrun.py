@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from conftest import SCRIPTS
-from helpers import check_summary
+from helpers import check_summary, end_process_tree
 from test_agent import start, wait_until
 
 from torchmem.cli.attach import attach_headless
@@ -30,13 +30,9 @@ def job(*script_args):
 
 
 def stop_job(proc):
-    """Ctrl+C the job as a user would (torchrun forwards it to the ranks); kill if stuck."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+    """Ctrl+C the job as a user would (torchrun forwards it to the ranks); kill the whole
+    tree if stuck."""
+    end_process_tree(proc)
 
 
 def wait_for_ranks(proc, n=2, timeout=90):
@@ -97,6 +93,30 @@ def test_attach_to_the_launcher_follows_both_ranks_and_survives_a_dead_rank(runt
         assert session.run_finished is None, "one dead rank does not end the job's view"
         run.detach()
         run.follow()
+    finally:
+        stop_job(proc)
+
+
+def test_a_job_ends_with_the_torchmem_that_runs_it_however_it_is_killed(runtime_dir):
+    # kill -9 of torchmem (or a lost SSH session) left torchrun and its ranks training,
+    # orphaned, with nobody watching: they now get SIGTERM when torchmem dies.
+    import psutil
+
+    proc = job("--sleep", "0.05")
+    try:
+        ranks = wait_for_ranks(proc)
+        launcher = psutil.Process(proc.pid).children()
+        job_pids = [p.pid for p in launcher] + [e.pid for e in ranks]
+        proc.kill()
+        proc.wait()
+
+        def alive(pid):
+            try:
+                return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        wait_until(lambda: not any(alive(pid) for pid in job_pids), 60, "the job to end")
     finally:
         stop_job(proc)
 

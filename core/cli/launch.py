@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from torchmem.probe.parent_watch import pdeathsig_preexec
 from torchmem.report.summary import build_summary, rank_row, write_summary
 from torchmem.resources import path as resource_path
 from torchmem.session import Session
@@ -130,7 +131,13 @@ def run_command(
     follower = _RankFollower(session)
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(command, env=command_env(hz, max_steps))
+        # The command ends with this process, however it ends (a kill -9, a lost SSH
+        # session): a torchrun left behind goes on training with nobody watching.
+        proc = subprocess.Popen(
+            command,
+            env=command_env(hz, max_steps),
+            preexec_fn=pdeathsig_preexec(signal.SIGTERM),
+        )
     except FileNotFoundError:
         sys.stderr.write(f"torchmem: command not found: {command[0]}\n")
         return 127
@@ -143,12 +150,22 @@ def run_command(
             f"(torchmem attach {os.getpid()} follows them all)\n"
         )
     follower.start()
-    while True:
-        try:
-            code = proc.wait()
-            break
-        except KeyboardInterrupt:  # the command got the same Ctrl+C: let it end
-            proc.send_signal(signal.SIGINT)
+    # A SIGTERM or SIGHUP for torchmem (a scheduler, a closed terminal) is the command's
+    # too: passed on, then its end is waited for and summarised as any other.
+    forwarded = {
+        sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+        for sig in (signal.SIGTERM, signal.SIGHUP)
+    }
+    try:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:  # the command got the same Ctrl+C: let it end
+                proc.send_signal(signal.SIGINT)
+    finally:
+        for sig, handler in forwarded.items():
+            signal.signal(sig, handler)
     follower.stop()
     ranks = sorted(follower.remotes.values(), key=lambda r: (r.entry.rank or 0, r.pid))
     rows = [rank_row(r) for r in ranks]
