@@ -26,11 +26,8 @@ import os
 import platform
 import random
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "core"))  # a plain checkout
 
 import report
 
