@@ -243,4 +243,25 @@ class Alert:
         }
 
 
-Event = Sample | Marker | LogRecord | RunStarted | RunFinished | CommandResult | CensusTaken | Alert
+@dataclass(frozen=True, slots=True)
+class CapacityKnown:
+    """The total memory of devices, in bytes (``{"cpu": ..., "cuda:0": ...}``), as a source
+    learns them: at a run's start, and when the run first uses an accelerator. The
+    Session keeps their union; views, the leak detector, summaries and recordings read
+    it there (one copy, recorded and replayed with the run)."""
+
+    t: float
+    capacity: dict[str, int]
+
+
+Event = (
+    Sample
+    | Marker
+    | LogRecord
+    | RunStarted
+    | RunFinished
+    | CommandResult
+    | CensusTaken
+    | Alert
+    | CapacityKnown
+)

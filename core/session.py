@@ -23,6 +23,7 @@ import numpy as np
 from torchmem.events import (
     Alert,
     AlertState,
+    CapacityKnown,
     CensusTaken,
     CommandResult,
     Event,
@@ -66,6 +67,9 @@ class Session:
         self.series: dict[str, SeriesBuffer] = {}
         self.steps = StepClock()
         self._retries = RetryStreaks()
+        #: Total bytes per device, the union of every CapacityKnown (``cuda:0``,
+        #: ``rank1/cuda:1``, ``cpu``).
+        self._capacity: dict[str, int] = {}
         self.markers: deque[Marker] = deque(maxlen=5000)
         self.logs: deque[LogRecord] = deque(maxlen=self._max_log)
         self.commands: deque[CommandResult] = deque(maxlen=500)
@@ -205,6 +209,8 @@ class Session:
             census = event.census
             by_device = {d: census.bytes_by_kind(d) for d in census.devices()}
             self.census_history.append((event.t, event.step, by_device))
+        elif isinstance(event, CapacityKnown):
+            self._capacity.update(event.capacity)
         elif isinstance(event, CommandResult):
             self.commands.append(event)
             if event.command == "reset_peaks" and event.ok:
@@ -281,6 +287,11 @@ class Session:
                 for device, m in [split_key(key)]
                 if m == metric and buf.count
             }
+
+    def capacity(self) -> dict[str, int]:
+        """Total memory per device, as the run's sources reported it (a copy)."""
+        with self._lock:
+            return dict(self._capacity)
 
     def retry_streaks(self) -> dict[str, int]:
         """The longest run of consecutive steps with allocator retries per device, where

@@ -148,7 +148,6 @@ class Attaching(QObject):
         run = w.attached
         if run is None:
             return
-        w.readings.capacity = run.capacity()
         w.setWindowTitle(f"{label} – torchmem")
         w.run_label.setText(f"● Attached to {label}")
         w.statusBar().showMessage(f"Attached to {label}", 10000)

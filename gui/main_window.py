@@ -172,7 +172,6 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.BottomDockWidgetArea, self.log_dock)
 
         self.readings = ReadingsTable(self.session)
-        self.readings.capacity = self.source.capacity()
         self.readings_dock = QDockWidget("Readings", self)
         self.readings_dock.setObjectName("readings_dock")
         self.readings_dock.setWidget(self.readings)
@@ -899,7 +898,6 @@ class MainWindow(QMainWindow):
                 self.run_label.setText("● Running")
                 self.act_history.setChecked(False)  # a new process records nothing yet
                 if self.attached is None:  # accelerators are found as a run starts
-                    self.readings.capacity = self.target.capacity()
                     self.update_actions()
             elif isinstance(event, RunFinished):
                 self._show_finished(event)
@@ -911,7 +909,7 @@ class MainWindow(QMainWindow):
     @Slot()
     def show_oom_report(self) -> OomDialog | None:
         """The Out of memory dialog of the run shown, if it ended out of memory."""
-        report = explain_oom(self.session, self.readings.capacity)
+        report = explain_oom(self.session)
         if report is None:
             return None
         if self._oom_dialog is not None:

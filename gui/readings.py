@@ -44,7 +44,6 @@ class ReadingsTable(QTableWidget):
     def __init__(self, session: Session, parent: QWidget | None = None) -> None:
         super().__init__(0, len(self.HEADERS), parent)
         self.session = session
-        self.capacity: dict[str, int] = {}
         self.setHorizontalHeaderLabels(self.HEADERS)
         self.verticalHeader().setVisible(False)
         self.setEditTriggers(QTableWidget.NoEditTriggers)
@@ -83,6 +82,7 @@ class ReadingsTable(QTableWidget):
         grey = self.palette().color(QPalette.Disabled, QPalette.Text)
         normal = self.palette().color(QPalette.Text)
         kernel = self.session.kernel_peaks()
+        capacity = self.session.capacity()
         for key, (last, peak, when) in latest.items():
             if split_key(key)[1] == KERNEL_PEAK:
                 continue  # it is the RSS row's peak where higher, not a row of its own
@@ -128,7 +128,7 @@ class ReadingsTable(QTableWidget):
             scope, _, bare = device.rpartition("/")  # "rank1/cuda:0" in a job
             if bare == "system":
                 device = f"{scope}/cpu" if scope else "cpu"
-            total = self.capacity.get(device)
+            total = capacity.get(device)
             counts = fmt is _count
             share = (
                 f"{100 * last / total:.1f} %"

@@ -50,14 +50,11 @@ class Recordings(QObject):
     def __init__(self, window: MainWindow) -> None:
         super().__init__(window)
         self.window = window
-        capacity = window.source.capacity()
-        self.capacity = capacity
         #: Each run of the window's Session, written to the sessions folder as it happens.
         self.recorder = RunRecorder(
             window.session,
             summarize=lambda session: self.summary(session),
             on_problem=window.session.note,
-            facts=lambda: {"capacity_bytes": capacity},
         )
         #: The session file shown, when the window shows a recording (not a run of its own).
         self.opened: Path | None = None
@@ -89,8 +86,8 @@ class Recordings(QObject):
 
     def summary(self, session: Session) -> dict:
         """The summary a recording stores and File > Export writes."""
-        data = run_summary(session, capacity_bytes=self.capacity)
-        oom = explain_oom(session, self.capacity)
+        data = run_summary(session)
+        oom = explain_oom(session)
         if oom is not None:
             data["oom"] = oom.to_json()
         return data

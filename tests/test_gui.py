@@ -245,7 +245,10 @@ def test_the_window_finds_accelerators_when_a_run_starts(
     assert calls == [1]
     assert window.act_empty.isEnabled()
     assert "cuda:0/allocated" in window.plot.curve_keys()
-    assert window.readings.capacity["cuda:0"] == 80 << 30
+    assert window.session.capacity()["cuda:0"] == 80 << 30
+    # The Readings' share of the device, from that capacity (2 GiB of 80).
+    shares = [window.readings.item(r, 3).text() for r in range(window.readings.rowCount())]
+    assert "2.5 %" in shares, shares
     window.load_script(script_path("train_steps.py"), ["2"], run=True)
     finish(qtbot, window)
     assert calls == [1], "found once"

@@ -21,6 +21,7 @@ from torchmem.events import (
     Alert,
     AlertKind,
     AlertState,
+    CapacityKnown,
     CensusTaken,
     LogRecord,
     Marker,
@@ -417,11 +418,14 @@ def test_a_run_that_vanished_when_ram_ran_out_is_blamed_on_the_oom_killer(tmp_pa
     assert "without its end" in message and "probably the kernel's OOM killer" in message
 
 
-def test_a_cuda_oom_report_reads_the_message_and_the_fragmentation():
+def test_a_cuda_oom_report_reads_the_message_and_the_fragmentation(tmp_path):
     from torchmem.leaks.oom import explain_oom
 
     session = Session()
+    recorder = start_recording(tmp_path / "oom.tmsession", session, "run", "train.py")
     session.submit(RunStarted(0.0, "train.py", ()))
+    # The device's total becomes known once the script has initialised CUDA, mid-run.
+    session.submit(CapacityKnown(0.5, {"cpu": 16 * 2**30, "cuda:1": 80 * 2**30}))
     session.submit(Sample(1.0, {"cuda:1/allocated": 60 * 2**30, "cuda:1/reserved": 75 * 2**30}))
     error = (
         "out of memory (OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 "
@@ -429,12 +433,18 @@ def test_a_cuda_oom_report_reads_the_message_and_the_fragmentation():
         "size, activation checkpointing, or mixed precision; on CUDA, ..."
     )
     session.submit(RunFinished(2.0, RunStatus.OOM, 1, error))
-    report = explain_oom(session, {"cuda:1": 80 * 2**30})
+    report = explain_oom(session)
     assert report.device == "cuda:1" and report.requested_bytes == 2 * 2**30
+    assert report.capacity_bytes == 80 * 2**30
     assert report.unallocated_reserved == 15 * 2**30
     keys = [s.key for s in report.suggestions]
     assert keys[0] == "tune" and "expandable_segments" in keys
     assert any("15.00 GiB reserved but unallocated" in line for line in report.lines())
+    # The recording keeps the total: its report says it, as the live run did.
+    recorder.close()
+    data = check_summary(recorded_summary(load(tmp_path / "oom.tmsession")))
+    assert data["capacity_bytes"]["cuda:1"] == 80 * 2**30
+    assert data["oom"]["device"] == "cuda:1"
     fine = Session()
     fine.submit(RunFinished(1.0, RunStatus.FINISHED, 0, "finished"))
     assert explain_oom(fine) is None

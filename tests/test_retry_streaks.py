@@ -59,7 +59,7 @@ def test_the_summary_of_a_thrashing_run_says_how_many_steps_in_a_row_retried():
         session.submit(Sample(float(step), {"cuda:0/alloc_retries": count}, step))
         session.submit(Marker(float(step), MarkerKind.STEP, step))
     session.submit(Sample(6.0, {"cuda:0/alloc_retries": 9.0}))  # a periodic reading
-    data = check_summary(run_summary(session, capacity_bytes={}))
+    data = check_summary(run_summary(session))
     assert data["alloc_retry_steps"] == {"cuda:0": 3}
     assert "alloc_retry_steps" not in run_summary(Session()), "written only where read"
 

@@ -129,7 +129,7 @@ def _text(recording: Recording, data: dict[str, Any]) -> str:
         lines.append("Alerts    none")
     for path in data.get("snapshots", []):
         lines.append(f"Snapshot  {path} (drop it on https://pytorch.org/memory_viz)")
-    oom = explain_oom(recording.session, data["capacity_bytes"])
+    oom = explain_oom(recording.session)
     if oom is not None:
         lines += oom.lines()
     return "\n".join(lines)

@@ -50,7 +50,6 @@ def summary(session: Session, source: InProcessSource, result: RunFinished) -> d
         message=result.message,
         exit_code=result.exit_code,
         duration_s=round(result.duration_s, 3),
-        capacity_bytes=source.capacity(),
         traceback=result.traceback,
         steps=source.steps_seen,  # the runner's own count
         step_time_s=step_time(session),
@@ -197,7 +196,7 @@ def run_headless(
     if max_steps:
         data["max_steps"] = max_steps
         data["eval_forwards"] = evals.forwards if evals is not None else None
-    oom = explain_oom(session, source.capacity())
+    oom = explain_oom(session)
     if oom is not None:
         data["oom"] = oom.to_json()
     if recorder is not None:

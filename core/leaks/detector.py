@@ -28,6 +28,7 @@ from torchmem.events import (
     Alert,
     AlertKind,
     AlertState,
+    CapacityKnown,
     CensusTaken,
     Event,
     Marker,
@@ -252,6 +253,8 @@ class LeakDetector:
             self._on_epoch(event)
         elif isinstance(event, RunStarted):
             self._reset()
+        elif isinstance(event, CapacityKnown):  # the machine's, kept across runs
+            self.capacity.update(event.capacity)
 
     def _tracked(self, key: str) -> bool:
         metric = split_key(key)[1]

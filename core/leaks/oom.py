@@ -124,8 +124,9 @@ def requested_bytes(text: str) -> int | None:
     return None
 
 
-def explain_oom(session: Session, capacity: dict[str, int] | None = None) -> OomReport | None:
-    """The report of the run ``session`` holds, or None unless it ended out of memory."""
+def explain_oom(session: Session) -> OomReport | None:
+    """The report of the run ``session`` holds, or None unless it ended out of memory
+    (the device's total from the capacity its sources reported)."""
     finished = session.run_finished
     if finished is None or finished.status is not RunStatus.OOM:
         return None
@@ -143,7 +144,7 @@ def explain_oom(session: Session, capacity: dict[str, int] | None = None) -> Oom
         report.inactive_split_bytes = _reading(latest, device, "inactive_split")
     else:
         report.allocated_bytes = _reading(latest, "cpu", "rss")
-    report.capacity_bytes = (capacity or {}).get(device)
+    report.capacity_bytes = session.capacity().get(device)
     census = _oom_census(session)
     if census is not None:
         report.census_trigger = census.trigger

@@ -40,7 +40,6 @@ class RunRecorder:
         cap_bytes: int = DEFAULT_CAP_BYTES,
         summarize: Summarize | None = None,
         on_problem: Callable[[str], None] | None = None,
-        facts: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.session = session
         self.folder = folder
@@ -48,7 +47,6 @@ class RunRecorder:
         self.enabled = True
         self._summarize = summarize
         self._on_problem = on_problem
-        self._facts = facts
         # Re-entrant: on_problem may note a line in the Session, which comes back here.
         self._lock = threading.RLock()
         self.current: Recorder | None = None
@@ -100,11 +98,10 @@ class RunRecorder:
             folder = self.folder or sessions_dir()
             path = chosen or new_session_path(started.script, folder)
             try:
-                facts = self._facts() if self._facts else {}
                 recorder = start_recording(
                     path, self.session, _KINDS.get(started.mode, "run"), started.script,
                     started.argv, on_problem=self._on_problem, subscribe=False,
-                    mode=started.mode, **facts,
+                    mode=started.mode,
                     **({"allocator": dict(started.allocator)} if started.allocator else {}),
                 )  # fmt: skip
             except RecordError as exc:

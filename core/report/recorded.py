@@ -13,6 +13,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from torchmem.events import CapacityKnown
 from torchmem.leaks.oom import explain_oom
 from torchmem.record.replay import Recording
 from torchmem.record.store import SessionFile
@@ -32,6 +33,10 @@ def recorded_summary(recording: Recording) -> dict[str, Any]:
     meta = recording.meta
     stored = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
     kind = meta.get("kind") if meta.get("kind") in ("run", "job", "attach") else "run"
+    capacity = meta.get("capacity_bytes")
+    if not recording.session.capacity() and isinstance(capacity, dict):
+        # Recorded before capacity was an event: the file's facts held it.
+        recording.session.submit(CapacityKnown(0.0, capacity))
     data = run_summary(recording.session, kind, last_t=recording.last_t)
     if data["script"] is None:
         data["script"], data["argv"] = meta.get("script"), list(meta.get("argv") or [])
@@ -45,9 +50,7 @@ def recorded_summary(recording: Recording) -> dict[str, Any]:
         data["message"] = (
             f"torchmem detached after {format_duration(recording.last_t)}; the process went on"
         )
-    capacity = meta.get("capacity_bytes")
-    data.setdefault("capacity_bytes", capacity if isinstance(capacity, dict) else {})
-    oom = explain_oom(recording.session, data["capacity_bytes"])
+    oom = explain_oom(recording.session)
     if oom is not None:
         data["oom"] = oom.to_json()
     snapshots = [c.output for c in recording.session.commands if c.command == "snapshot" and c.ok]

@@ -79,6 +79,7 @@ def build_summary(kind: Kind, session: Session | None, **fields: Any) -> dict[st
             samples=session.samples,
             peak_bytes=int_peaks(session.peak_bytes()),
             alerts=[a.to_json() for a in session.alert_list()],
+            capacity_bytes=session.capacity(),
         )
         retries = session.retry_streaks()
         if retries:  # read at step boundaries: a tuning trial

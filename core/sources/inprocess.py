@@ -14,7 +14,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchmem.events import CensusTaken, CommandResult, Event, Marker, MarkerKind, RunFinished
+from torchmem.events import (
+    CapacityKnown,
+    CensusTaken,
+    CommandResult,
+    Event,
+    Marker,
+    MarkerKind,
+    RunFinished,
+    Sample,
+)
 from torchmem.leaks.detector import LeakDetector, LeakSettings
 from torchmem.probe.backends import (
     MemoryBackend,
@@ -109,6 +118,9 @@ class InProcessSource:
         self.census_schedule = CensusSchedule(pace=self.pace)
         self.leaks = LeakDetector(session.submit, self.capacity(), LeakSettings())
         session.subscribe(self._feed_leaks)
+        #: Series keys seen in this run's readings, and the capacity last reported.
+        self._keys_seen: set[str] = set()
+        self._capacity_sent: dict[str, int] = {}
         self._boundary = BoundaryClock(self.pace)
         self._census_wanted = threading.Event()
         self._census_done = threading.Event()
@@ -141,7 +153,7 @@ class InProcessSource:
 
     def find_accelerators(self) -> None:
         """Add the accelerator backends a lazy source left out (once; imports torch). The
-        sampler takes the new list at its next tick, the leak detector their capacity."""
+        sampler takes the new list at its next tick."""
         if not self._lazy:
             return
         self._lazy = False
@@ -149,7 +161,21 @@ class InProcessSource:
         if found:
             self.backends = [*self.backends, *found]
             self.sampler.backends = list(self.backends)
-            self.leaks.capacity.update(backends_capacity(found))
+
+    def _report_capacity(self) -> None:
+        """Submit the devices' total memory when it says more than last time: at a run's
+        start, and when its readings name a device first (CUDA is counted once the script
+        has initialised it, after the run began)."""
+        capacity = self.capacity()
+        if capacity != self._capacity_sent:
+            self._capacity_sent = capacity
+            self.emit(CapacityKnown(self.session.now(), capacity))
+
+    def _new_run(self) -> None:
+        """What every run (a script here, or a watched thread) starts from."""
+        self.census_schedule.reset()
+        self._census_failed = False
+        self._keys_seen, self._capacity_sent = set(), {}
 
     # -- runs ---------------------------------------------------------------------------
     def run_script(self, script: Script) -> RunFinished:
@@ -168,8 +194,7 @@ class InProcessSource:
         runner.tracker.limit = script.max_steps
         self._runner = runner
         _active = self
-        self.census_schedule.reset()
-        self._census_failed = False
+        self._new_run()
         self._boundary = BoundaryClock(self.pace)
         # Each run from its own baseline: the heap the last one freed goes back to the
         # system, its readers start afresh, and the kernel's peak RSS starts from now
@@ -180,6 +205,7 @@ class InProcessSource:
         reset_peak_rss()
         self.sampler.start()
         self.find_accelerators()  # after the sampler: host memory is drawn meanwhile
+        self._report_capacity()
         try:
             return runner.run()
         finally:
@@ -210,17 +236,25 @@ class InProcessSource:
         tracker.limit = step_limit
         tracker.install(ident)
         self._runner = WatchedThread(tracker, ident, script)
-        self.census_schedule.reset()
-        self._census_failed = False
+        self._new_run()
         self.sampler.start()
         self.find_accelerators()
+        self._report_capacity()
 
     def _feed_leaks(self, event: Event) -> None:
         # Only this process's own runs: the window's Session also carries isolated and
         # attached runs, whose agents judge them (a second detector here raised a second
         # alert for one leak, judged against this machine's RAM).
         if self._runner is not None and not self._abandoned:
+            if isinstance(event, Sample) and not event.values.keys() <= self._keys_seen:
+                self._note_devices(event)
             self.leaks.on_event(event)
+
+    def _note_devices(self, sample: Sample) -> None:
+        # A reading names a series first (a few times a run): a device the script began
+        # to use, whose total memory can be read now.
+        self._keys_seen |= sample.values.keys()
+        self._report_capacity()
 
     @property
     def abandoned(self) -> bool:

@@ -20,6 +20,7 @@ import psutil
 from torchmem.events import (
     EXIT_UNKNOWN,
     Alert,
+    CapacityKnown,
     CensusTaken,
     CommandResult,
     LogRecord,
@@ -105,6 +106,9 @@ class RemoteSource:
             self.session.align_clock(agent_now)
         self.offset = self.session.now() - agent_now
         self.info = self._client.request("info", timeout=10.0) or {}
+        capacity = self.capacity()
+        if capacity:  # what the agent knew at the handshake; its later reports follow
+            self.session.submit(CapacityKnown(self.session.now(), capacity))
         self._client.request("subscribe", timeout=10.0)
         return welcome
 
@@ -226,6 +230,8 @@ class RemoteSource:
             return replace(event, key=self.prefix + event.key, series=self.prefix + event.series)
         if isinstance(event, CensusTaken):  # "rank1/cpu": the panel and chart say which rank
             return replace(event, census=_prefixed_census(event.census, self.prefix))
+        if isinstance(event, CapacityKnown):
+            return replace(event, capacity={self.prefix + k: v for k, v in event.capacity.items()})
         return event
 
     def _on_closed(self, reason: str) -> None:

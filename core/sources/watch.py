@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from torchmem.events import EXIT_UNKNOWN, RunFinished, RunStarted, RunStatus
+from torchmem.events import EXIT_UNKNOWN, CapacityKnown, RunFinished, RunStarted, RunStatus
 from torchmem.probe.backends import backends_capacity, process_backends
 from torchmem.probe.sampler import Sampler
 from torchmem.session import Session
@@ -39,6 +39,7 @@ class ProcessWatchSource:
         """Start sampling; the Session hears that a watch started."""
         s = self.session
         s.submit(RunStarted(s.now(), " ".join(self.cmdline[:1]), tuple(self.cmdline[1:]), "watch"))
+        s.submit(CapacityKnown(s.now(), self.capacity()))
         s.note(
             f"watching process {self.pid} from outside: RSS"
             + (

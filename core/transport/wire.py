@@ -20,6 +20,7 @@ from typing import Any
 
 from torchmem.events import (
     Alert,
+    CapacityKnown,
     CensusTaken,
     CommandResult,
     Event,
@@ -42,6 +43,7 @@ EVENT_NAMES: dict[type, str] = {
     CommandResult: "command",
     CensusTaken: "census",
     Alert: "alert",
+    CapacityKnown: "capacity",
 }
 _EVENT_TYPES = {name: cls for cls, name in EVENT_NAMES.items()}
 
