@@ -235,15 +235,6 @@ class AttachedRun:
         """True when an attached process uses an accelerator."""
         return any(r.has_accelerator for r in self.remotes)
 
-    def capacity(self) -> dict[str, int]:
-        """Total memory per device of the attached processes."""
-        caps: dict[str, int] = {}
-        for remote in self.remotes:
-            caps.update(remote.capacity())
-        if self.watch is not None:
-            caps.update(self.watch.capacity())
-        return caps
-
     def command(self, name: str) -> list[CommandResult]:
         """Run a command in every attached process still running; the results also
         arrive as events."""

@@ -57,10 +57,6 @@ class Source(Protocol):
         """True when the watched process uses an accelerator (enables empty_cache)."""
         ...
 
-    def capacity(self) -> dict[str, int]:
-        """Total memory per device (series device names), where known."""
-        ...
-
     def command(self, name: str) -> list[CommandResult]:
         """Run a command of :data:`~torchmem.probe.commands.COMMANDS` in every watched
         process; one result each (also submitted to the Session as events)."""

@@ -87,10 +87,6 @@ class IsolatedSource:
         """True when the child uses an accelerator."""
         return self.remote is not None and self.remote.has_accelerator
 
-    def capacity(self) -> dict[str, int]:
-        """Total memory per device, as the child's agent reports it."""
-        return self.remote.capacity() if self.remote is not None else {}
-
     def command(self, name: str) -> list[CommandResult]:
         """gc.collect, empty_cache, reset peaks or a census, in the child."""
         remote = self.remote
