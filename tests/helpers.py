@@ -72,3 +72,16 @@ def end_process_tree(proc: subprocess.Popen, sig: int = signal.SIGINT, grace: fl
             p.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.communicate(timeout=10)
+
+
+def holder_text(qtbot: Any, window: Any, tensor: Any) -> str:
+    """What the Tensors panel's details say keeps ``tensor`` alive, once the process that
+    owns it has answered (asked in the command thread: the dialog opens at once)."""
+    dialog = window.tensors.open_details(tensor)
+    qtbot.waitUntil(
+        lambda: "What keeps it alive (nearest first)" in dialog.text.toPlainText(),
+        timeout=30_000,
+    )
+    text = dialog.text.toPlainText().partition("alive (nearest first)")[2]
+    dialog.close()
+    return text
