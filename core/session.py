@@ -55,6 +55,8 @@ class Session:
         self._lock = threading.RLock()
         self._listeners: list[Listener] = []
         self._failed_listeners: set[str] = set()
+        # Per thread: the events waiting for their listeners while one is dispatched.
+        self._dispatching = threading.local()
         self._recent, self._buckets = recent, buckets
         self._max_log = max_log
         self.t0 = time.monotonic()
@@ -143,19 +145,37 @@ class Session:
         return unsubscribe
 
     def submit(self, event: Event) -> None:
-        """Apply one event from any source and notify listeners (on the caller's thread)."""
+        """Apply one event from any source and notify listeners (on the caller's thread).
+
+        An event submitted by a listener (a job's total after a rank's sample, an alert the
+        sample raised) is applied at once but heard after every listener has heard the
+        event being dispatched: each listener sees events in the order they happened. A
+        nested dispatch would hand the recorder an alert before the sample that raised it.
+        """
         if isinstance(event, Alert) and event.key in self.muted:
             return
         with self._lock:
             self._apply(event)
             if not isinstance(event, LogRecord):
                 self.revision += 1
-            listeners = list(self._listeners)
-        for listener in listeners:
-            try:
-                listener(event)
-            except Exception as exc:  # raised into a source's thread: the user's loop, maybe
-                self._listener_failed(listener, exc)
+            listeners = tuple(self._listeners)
+        pending: deque[tuple[Event, tuple[Listener, ...]]] | None = getattr(
+            self._dispatching, "pending", None
+        )
+        if pending is not None:
+            pending.append((event, listeners))
+            return
+        pending = self._dispatching.pending = deque([(event, listeners)])
+        try:
+            while pending:
+                event, listeners = pending.popleft()
+                for listener in listeners:
+                    try:
+                        listener(event)
+                    except Exception as exc:  # raised into a source's thread: the user's loop
+                        self._listener_failed(listener, exc)
+        finally:
+            self._dispatching.pending = None
 
     def _listener_failed(self, listener: Listener, exc: Exception) -> None:
         """A model or view that raised on an event is torchmem's bug, never the run's: the
@@ -309,6 +329,15 @@ class Session:
                 scope = census_scope(self.census.census)
             return self._censuses_of.get(scope, (None, None))
 
+    def scopes(self) -> list[str]:
+        """The processes of a job that have series (``rank0``, ``pid4242``), in rank
+        order, then each machine's total (``@node1``) and the job's (``total``); empty
+        for a single process. The one order every view lists them in."""
+        with self._lock:
+            found = {split_scope(key)[0] for key in self.series}
+        found.discard("")
+        return sorted(found, key=scope_order)
+
     def breakdown(self) -> list[tuple[float, int, dict[str, dict[str, int]]]]:
         """Bytes by kind per device for every census so far, oldest first."""
         with self._lock:
@@ -339,7 +368,15 @@ def census_scope(census: Any) -> str:
     return ""
 
 
+def scope_order(scope: str) -> tuple[bool, bool, list[Any]]:
+    """Sort key of a scope: processes (rank 2 before rank 10), then machines, the job's
+    total last."""
+    parts = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", scope)]
+    return scope == "total", scope.startswith("@"), parts
+
+
 def _scope_order(key: str) -> tuple[bool, list[Any]]:
-    """Sort key of a series: rank 2 before rank 10, a job's total last."""
+    """Sort key of a summary's peak (``rank2/cpu_rss``): rank 2 before rank 10, a job's
+    total last."""
     parts = re.split(r"(\d+)", key)
     return key.startswith("total/"), [int(p) if p.isdigit() else p for p in parts]

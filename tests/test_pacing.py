@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchmem.events import Sample
+from torchmem.events import Alert, AlertKind, AlertState, Sample, Severity
 from torchmem.probe.step_pace import RECOMPUTE_EVERY, StepPace
 from torchmem.series import scope_label, series_label, split_key, split_scope
 from torchmem.session import Session
@@ -117,6 +117,38 @@ def test_a_multi_node_job_gets_a_total_per_machine_that_the_job_total_does_not_c
     assert latest["@a/cpu/rss"][0] == 30.0 and latest["@b/cpu/rss"][0] == 5.0
     assert latest["total/cpu/rss"][0] == 35.0, "machine totals are not counted again"
     assert series_label("@a/cpu/rss") == "node a process RSS"
+
+
+def test_every_listener_hears_a_rank_sample_before_the_total_and_alert_it_caused():
+    """The recorder subscribes after the totals and the detector: it must still write a
+    rank's sample before the job total and the alert that sample brought about."""
+    session = Session()
+    RankTotals(session, {"rank0"}, since=0.0)
+
+    def detector(event):
+        if isinstance(event, Sample) and event.values.get("total/cpu/rss", 0) > 100:
+            alert = Alert(
+                event.t,
+                "leak:total/cpu/rss",
+                AlertKind.LEAK,
+                Severity.WARNING,
+                AlertState.ACTIVE,
+                "total/cpu/rss",
+                0,
+                1,
+                "grows",
+                "fix it",
+            )
+            session.submit(alert)
+
+    session.subscribe(detector)
+    heard: list[str] = []
+    session.subscribe(
+        lambda e: heard.append(",".join(e.values) if isinstance(e, Sample) else type(e).__name__)
+    )
+    session.submit(Sample(1.0, {"rank0/cpu/rss": 150.0}))
+    assert heard == ["rank0/cpu/rss", "total/cpu/rss", "Alert"]
+    assert session.alerts["leak:total/cpu/rss"].state is AlertState.ACTIVE
 
 
 def test_rank_totals_leave_out_replayed_history():
