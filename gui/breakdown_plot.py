@@ -20,6 +20,7 @@ from torchmem.tensors.model import KIND_LABELS, KINDS
 from torchmem.units import UNITS, auto_unit, format_bytes
 
 from .bridge import SessionBridge
+from .view_state import ViewState
 
 KIND_COLORS = {
     "parameter": "#1f77b4",
@@ -93,6 +94,13 @@ class BreakdownPlot(QWidget):
         """Follow the application palette (light or dark)."""
         self.plot.setBackground(self.palette().color(QPalette.Base))
 
+    def bind_view_state(self, state: ViewState) -> None:
+        """Show a device of the process the window's view state chose."""
+        state.scope_changed.connect(self.set_scope)
+        if state.scope is not None:
+            self.set_scope(state.scope)
+
+    @Slot(object)
     def set_scope(self, scope: str | None) -> None:
         """Follow the toolbar's rank filter: show a device of that rank (``rank1/cpu``)."""
         self.scope = scope

@@ -5,33 +5,22 @@ from __future__ import annotations
 import gc
 import shlex
 import sys
-from collections.abc import Callable
-from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
 from PySide6.QtGui import (
-    QAction,
-    QActionGroup,
     QCloseEvent,
     QDragEnterEvent,
     QDropEvent,
     QIcon,
-    QKeySequence,
 )
 from PySide6.QtWidgets import (
     QApplication,
-    QComboBox,
-    QDockWidget,
     QFileDialog,
     QInputDialog,
-    QLabel,
-    QLineEdit,
     QMainWindow,
     QMessageBox,
-    QSpinBox,
-    QToolBar,
     QVBoxLayout,
     QWidget,
 )
@@ -48,7 +37,6 @@ from torchmem.leaks.oom import explain_oom
 from torchmem.probe.allocator import allocator_env, check_allocator_conf
 from torchmem.probe.commands import COMMANDS
 from torchmem.probe.runner import ScriptError, validate_script
-from torchmem.probe.sampler import MAX_HZ, MIN_HZ
 from torchmem.record.store import SUFFIX as SESSION_SUFFIX
 from torchmem.resources import path as resource_path
 from torchmem.series import scope_label
@@ -58,7 +46,6 @@ from torchmem.sources.base import Source
 from torchmem.sources.inprocess import InProcessSource
 from torchmem.sources.isolated import IsolatedSource
 
-from .actions import ACTIONS
 from .alert_panel import AlertPanel
 from .attaching import Attaching
 from .banner import Banner
@@ -73,35 +60,26 @@ from .recordings import Recordings
 from .run_controller import RunController
 from .settings_values import string_list
 from .snapshot_window import SnapshotOpener
-from .status_bar import ElidingStatusBar
 from .tensor_panel import TensorPanel
-from .theme import THEMES, apply_theme
+from .theme import apply_theme
 from .trace_plot import TracePlot
+from .view_state import ViewState
+from .window_chrome import (
+    build_actions,
+    build_docks,
+    build_menus,
+    build_status_bar,
+    build_toolbar,
+    shortcuts_table,
+)
 
 if TYPE_CHECKING:  # made on first use: importing them at start costs the first frame
     from .lab_panel import LabPanel
     from .tune_panel import TunePanel
 
-WINDOWS = (("30 s", 30.0), ("2 min", 120.0), ("10 min", 600.0), ("1 h", 3600.0), ("All", None))
-UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
 # Bumped whenever docks are added or moved: a dock layout saved by an older version would
 # put new docks in odd places, so it is not restored.
 LAYOUT_VERSION = 4
-
-
-def shortcuts_table(window: QWidget) -> str:
-    """The shortcuts of ``window``'s actions as a rich-text table: a key column padded
-    from its description (the cells otherwise touch: "Ctrl+Shift+OOpen a snapshot")."""
-    rows = sorted(
-        (a.shortcut().toString(QKeySequence.NativeText), a.text().replace("&", ""))
-        for a in window.findChildren(QAction)
-        if not a.shortcut().isEmpty()
-    )
-    cells = "".join(
-        f"<tr><td style='padding-right:18px'><b>{key}</b></td><td>{what}</td></tr>"
-        for key, what in rows
-    )
-    return f"<table cellspacing='2'>{cells}</table>"
 
 
 class MainWindow(QMainWindow):
@@ -135,11 +113,19 @@ class MainWindow(QMainWindow):
         #: Attach, detach and reconnect, and what the window shows of them.
         self.attaching = Attaching(self)
         self.setAcceptDrops(True)
-        self._build_central()
-        self._build_actions()
-        self._build_toolbar()
-        self._build_menus()
-        self._build_status_bar()
+        #: Scope, x axis, unit, window, follow and pause: what every view shows.
+        self.view = ViewState(self)
+        self._build_views()
+        build_actions(self)
+        build_docks(self)
+        build_toolbar(self)
+        build_menus(self)
+        build_status_bar(self, self.source.sampler.hz)
+        self.rate_spin.valueChanged.connect(self._set_rate)
+        self.act_isolated.toggled.connect(lambda _checked: self._show_mode())
+        self.tune_dock.visibilityChanged.connect(self._on_tune_visible)
+        self.lab_dock.visibilityChanged.connect(self._on_lab_visible)
+        self._bind_view_state()
         self._connect_runs()
         # From here on every cyclic collection of this process runs in the GUI thread.
         self._collector = GuiThreadCollector.acquire()
@@ -150,12 +136,12 @@ class MainWindow(QMainWindow):
         self.alerts.changed.connect(self._update_alert_badge)
         self.bridge.changed.connect(self._on_changed)
         self.bridge.events.connect(self._on_events)
-        self.plot.follow_changed.connect(self.act_follow.setChecked)
         self._restore_settings()
         self.update_actions()
 
     # -- construction ---------------------------------------------------------------------
-    def _build_central(self) -> None:
+    def _build_views(self) -> None:
+        """The views of the Session; the chrome around them comes from window_chrome."""
         self.banner = Banner()
         self.plot = TracePlot(self.session)
         central = QWidget()
@@ -164,20 +150,10 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.banner)
         layout.addWidget(self.plot, 1)
         self.setCentralWidget(central)
-
         self.log = LogPane()
-        self.log_dock = QDockWidget("Log", self)
-        self.log_dock.setObjectName("log_dock")
-        self.log_dock.setWidget(self.log)
-        self.addDockWidget(Qt.BottomDockWidgetArea, self.log_dock)
-
         self.readings = ReadingsTable(self.session)
-        self.readings_dock = QDockWidget("Readings", self)
-        self.readings_dock.setObjectName("readings_dock")
-        self.readings_dock.setWidget(self.readings)
         self.readings.setMinimumWidth(300)
         self.readings.setMinimumHeight(150)
-
         self.tensors = TensorPanel(self.session)
         self.tensors.refresh_requested.connect(lambda: self.run_command("census"))
         self.tensors.auto_toggled.connect(self._set_auto_census)
@@ -185,222 +161,25 @@ class MainWindow(QMainWindow):
         # an agent may take seconds to answer, never while the window waits.
         self.tensors.ask_referrers = self.runs.ask_referrers
         self.runs.referrers_found.connect(self.tensors.referrers_found)
-        self.tensors_dock = QDockWidget("Tensors", self)
-        self.tensors_dock.setObjectName("tensors_dock")
-        self.tensors_dock.setWidget(self.tensors)
-        self.addDockWidget(Qt.BottomDockWidgetArea, self.tensors_dock)
-        self.tabifyDockWidget(self.log_dock, self.tensors_dock)
-
         self.alerts = AlertPanel(self.session)
         self.alerts.show_tensors.connect(self.show_culprits)
         self.alerts.mute_requested.connect(self.mute_alert)
-        self.alerts_dock = QDockWidget("Alerts", self)
-        self.alerts_dock.setObjectName("alerts_dock")
-        self.alerts_dock.setWidget(self.alerts)
-        self.addDockWidget(Qt.BottomDockWidgetArea, self.alerts_dock)
-        self.tabifyDockWidget(self.tensors_dock, self.alerts_dock)
-        self.log_dock.raise_()
-
         self.breakdown = BreakdownPlot(self.session)
-        self.breakdown_dock = QDockWidget("Breakdown by kind", self)
-        self.breakdown_dock.setObjectName("breakdown_dock")
-        self.breakdown_dock.setWidget(self.breakdown)
-        self.breakdown_dock.setToolTip(
-            "Unique tensor bytes by kind at each census: parameters, gradients, optimizer "
-            "state, activations, buffers, other"
-        )
-        self.addDockWidget(Qt.RightDockWidgetArea, self.breakdown_dock)
-
-        # The Tune panel (a plot, a table, a form) is made the first time its dock shows:
-        # most sessions never tune, and every window would otherwise carry its widgets.
+        # The Tune and Lab panels are made the first time their docks show: most
+        # sessions never tune, and every window would otherwise carry their widgets.
         self._tune: TunePanel | None = None
-        self.tune_dock = QDockWidget("Tune", self)
-        self.tune_dock.setObjectName("tune_dock")
-        self.tune_dock.setWidget(QLabel("Run > Tune the batch size… (Ctrl+B)"))
-        self.tune_dock.visibilityChanged.connect(self._on_tune_visible)
-        self.tune_dock.setToolTip("Find the largest batch size that fits a memory budget")
-        self.addDockWidget(Qt.BottomDockWidgetArea, self.tune_dock)
-        self.tabifyDockWidget(self.alerts_dock, self.tune_dock)
-        # The Lab panel too: made when first shown.
         self._lab: LabPanel | None = None
-        self.lab_dock = QDockWidget("Lab", self)
-        self.lab_dock.setObjectName("lab_dock")
-        self.lab_dock.setWidget(QLabel("Memory > Memory lab… (Ctrl+L)"))
-        self.lab_dock.visibilityChanged.connect(self._on_lab_visible)
-        self.lab_dock.setToolTip("Measure what tensor operations cost in memory and time")
-        self.addDockWidget(Qt.BottomDockWidgetArea, self.lab_dock)
-        self.tabifyDockWidget(self.tune_dock, self.lab_dock)
-        self.log_dock.raise_()
-        self.addDockWidget(Qt.RightDockWidgetArea, self.readings_dock)
 
-    def _action(
-        self,
-        text: str,
-        slot: Callable[..., object],
-        shortcut: str | None = None,
-        tip: str = "",
-        checkable: bool = False,
-    ) -> QAction:
-        act = QAction(text, self)
-        if shortcut:
-            act.setShortcut(QKeySequence(shortcut))
-        if tip:
-            full = (
-                f"{tip} ({act.shortcut().toString(QKeySequence.NativeText)})" if shortcut else tip
-            )
-            act.setToolTip(full)
-            act.setStatusTip(tip)
-        act.setCheckable(checkable)
-        if checkable:
-            act.triggered.connect(slot)
-        else:
-            # QAction.triggered carries ``checked=False``: passed on, it would land in the
-            # slot's first parameter (it once turned Stop's ``confirm`` off). Call plainly.
-            act.triggered.connect(lambda _checked=False, slot=slot: slot())
-        return act
-
-    def _build_actions(self) -> None:
-        for spec in ACTIONS:
-            if spec.slot.startswith("command:"):
-                name = spec.slot.removeprefix("command:")
-                handler = lambda name=name: self.run_command(name)  # noqa: E731
-            else:
-                handler = attrgetter(spec.slot)(self)  # "recordings.open_dialog" too
-            action = self._action(spec.text, handler, spec.shortcut, spec.tip, spec.checkable)
-            setattr(self, spec.attr, action)
-        self.act_follow.setChecked(True)
-
-    def _build_toolbar(self) -> None:
-        tb = QToolBar("Main", self)
-        tb.setObjectName("main_toolbar")
-        tb.setToolButtonStyle(Qt.ToolButtonTextOnly)
-        self.addToolBar(tb)
-        tb.addAction(self.act_open)
-        tb.addAction(self.act_run)
-        tb.addAction(self.act_stop)
-        tb.addAction(self.act_rerun)
-        tb.addAction(self.act_attach)
-        self.args_edit = QLineEdit()
-        self.args_edit.setPlaceholderText("script arguments, e.g. --lr 0.1")
-        self.args_edit.setToolTip("Arguments passed to the script on the next Run (shell quoting)")
-        self.args_edit.setMaximumWidth(260)
-        self.args_edit.returnPressed.connect(self.rerun)
-        tb.addWidget(self.args_edit)
-        tb.addSeparator()
-        tb.addAction(self.act_gc)
-        tb.addAction(self.act_empty)
-        tb.addAction(self.act_reset)
-        tb.addSeparator()
-        tb.addAction(self.act_steps)
-        tb.addAction(self.act_follow)
-        tb.addAction(self.act_pause)
-        self.window_combo = QComboBox()
-        for label, seconds in WINDOWS:
-            self.window_combo.addItem(label, seconds)
-        self.window_combo.setToolTip("How much of the run Follow keeps in view")
-        self.window_combo.currentIndexChanged.connect(
-            lambda i: self.plot.set_window(self.window_combo.itemData(i))
-        )
-        tb.addWidget(self.window_combo)
-        self.unit_combo = QComboBox()
-        self.unit_combo.addItems(UNIT_CHOICES)
-        self.unit_combo.setToolTip("Units of the memory axes (auto picks per plot)")
-        self.unit_combo.currentTextChanged.connect(self.plot.set_unit)
-        tb.addWidget(self.unit_combo)
-        self.rank_combo = QComboBox()
-        self.rank_combo.setToolTip(
-            "A torchrun job: every rank overlaid, one rank, or the job's total "
-            "(the sum of each rank's latest reading). With one rank chosen, the Tensors "
-            "panel shows that rank's censuses"
-        )
-        self.rank_combo.addItem("Every rank", None)
-        self.rank_combo.currentIndexChanged.connect(self._on_rank_chosen)
-        self._rank_combo_action = tb.addWidget(self.rank_combo)
-        self._rank_combo_action.setVisible(False)
-
-    def _build_menus(self) -> None:
-        mb = self.menuBar()
-        m = mb.addMenu("&File")
-        m.addAction(self.act_open)
-        m.addAction(self.act_demo)
-        self.recent_menu = m.addMenu("Open &recent")
-        m.addSeparator()
-        m.addAction(self.act_sessions)
-        m.addAction(self.act_open_snapshot)
-        m.addAction(self.act_export)
-        m.addSeparator()
-        m.addAction(self.act_quit)
-        m = mb.addMenu("&Run")
-        for act in (self.act_run, self.act_stop, self.act_rerun, self.act_abandon):
-            m.addAction(act)
-        m.addAction(self.act_isolated)
-        m.addAction(self.act_allocator)
-        m.addAction(self.act_record)
-        m.addAction(self.act_tune)
-        m.addSeparator()
-        m.addAction(self.act_attach)
-        m.addAction(self.act_inject)
-        m.addAction(self.act_detach)
-        m = mb.addMenu("&Memory")
-        for act in (self.act_gc, self.act_empty, self.act_reset):
-            m.addAction(act)
-        m.addSeparator()
-        m.addAction(self.act_history)
-        m.addAction(self.act_snapshot)
-        m.addSeparator()
-        m.addAction(self.act_census)
-        m.addAction(self.act_census_diff)
-        m.addAction(self.act_oom)
-        m.addAction(self.act_leak_settings)
-        m.addSeparator()
-        m.addAction(self.act_lab)
-        m = mb.addMenu("&View")
-        for act in (self.act_steps, self.act_follow, self.act_pause):
-            m.addAction(act)
-        m.addSeparator()
-        m.addAction(self.log_dock.toggleViewAction())
-        m.addAction(self.readings_dock.toggleViewAction())
-        m.addAction(self.tensors_dock.toggleViewAction())
-        m.addAction(self.breakdown_dock.toggleViewAction())
-        m.addAction(self.alerts_dock.toggleViewAction())
-        m.addAction(self.tune_dock.toggleViewAction())
-        m.addAction(self.lab_dock.toggleViewAction())
-        theme_menu = m.addMenu("&Theme")
-        self.theme_group = QActionGroup(self)
-        for theme in THEMES:
-            act = theme_menu.addAction(theme.capitalize())
-            act.setCheckable(True)
-            act.setData(theme)
-            self.theme_group.addAction(act)
-        self.theme_group.triggered.connect(lambda act: self.set_theme(act.data()))
-        m = mb.addMenu("&Help")
-        m.addAction(self.act_shortcuts)
-        m.addAction(self.act_about)
-
-    def _build_status_bar(self) -> None:
-        sb = ElidingStatusBar(self)
-        self.setStatusBar(sb)
-        self.run_label = QLabel("No script")
-        self.run_label.setToolTip("State of the script run")
-        self.samples_label = QLabel("")
-        self.samples_label.setToolTip("Samples recorded in this run")
-        self.rate_spin = QSpinBox()
-        self.rate_spin.setRange(int(MIN_HZ), int(MAX_HZ))
-        self.rate_spin.setSuffix(" Hz")
-        self.rate_spin.setValue(int(round(self.source.sampler.hz)))
-        self.rate_spin.setToolTip("Sampling rate (1-100 Hz). Counters only: no device sync.")
-        self.rate_spin.valueChanged.connect(self._set_rate)
-        self.mode_label = QLabel("Separate process")
-        self.mode_label.setToolTip(
-            "Scripts run in a separate process (Run > Run in a separate process, remembered "
-            "between launches). Uncheck it to run them in a background thread of this window."
-        )
-        self.mode_label.setVisible(False)
-        self.act_isolated.toggled.connect(lambda _checked: self._show_mode())
-        sb.addPermanentWidget(self.mode_label)
-        sb.addPermanentWidget(self.run_label)
-        sb.addPermanentWidget(self.samples_label)
-        sb.addPermanentWidget(self.rate_spin)
+    def _bind_view_state(self) -> None:
+        """The views draw what the view state says; the actions show it."""
+        for view in (self.plot, self.readings, self.tensors, self.breakdown):
+            view.bind_view_state(self.view)
+        state = self.view
+        state.x_mode_changed.connect(lambda mode: self.act_steps.setChecked(mode == "steps"))
+        state.follow_changed.connect(self.act_follow.setChecked)
+        state.paused_changed.connect(self._on_paused)
+        state.scope_changed.connect(self._show_scope)
+        self.act_follow.setChecked(state.follow)
 
     def _connect_runs(self) -> None:
         r = self.runs
@@ -452,15 +231,7 @@ class MainWindow(QMainWindow):
             self.resizeDocks([self.log_dock], [330], Qt.Vertical)
             # The breakdown needs height to read; the readings table a few rows.
             self.resizeDocks([self.breakdown_dock, self.readings_dock], [330, 260], Qt.Vertical)
-        if s.value("view/x_mode", "time") == "steps":
-            self.act_steps.setChecked(True)
-            self.plot.set_x_mode("steps")
-        unit = s.value("view/unit", "auto")
-        if unit in UNIT_CHOICES:
-            self.unit_combo.setCurrentText(unit)
-        window = s.value("view/window", "2 min")
-        idx = self.window_combo.findText(str(window))
-        self.window_combo.setCurrentIndex(idx if idx >= 0 else 1)
+        self.view.restore(s)
         self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
         self.source.configure_leaks(load_leak_settings(s))
         self.act_isolated.setChecked(s.value("run/isolated", False) in (True, "true"))
@@ -482,9 +253,7 @@ class MainWindow(QMainWindow):
         s = self.settings
         s.setValue("window/geometry", self.saveGeometry())
         s.setValue(f"window/state-v{LAYOUT_VERSION}", self.saveState())
-        s.setValue("view/x_mode", self.plot.x_mode)
-        s.setValue("view/unit", self.unit_combo.currentText())
-        s.setValue("view/window", self.window_combo.currentText())
+        self.view.save(s)
         s.setValue("sampler/hz", self.rate_spin.value())
         s.sync()
 
@@ -846,32 +615,32 @@ class MainWindow(QMainWindow):
         self.update_actions()
         self.attaching.on_run_ended()
 
-    @Slot(int)
-    def _on_rank_chosen(self, index: int) -> None:
-        scope = self.rank_combo.itemData(index)
-        self.plot.set_scope(scope)
-        self.tensors.set_scope(scope)
-        self.breakdown.set_scope(scope)
-        self.readings.set_scope(scope)
+    @Slot(object)
+    def _show_scope(self, scope: str | None) -> None:
+        """The rank chooser shows the view state's scope (set here or by a new run)."""
+        index = self.rank_combo.findData(scope) if scope is not None else 0
+        if index >= 0 and index != self.rank_combo.currentIndex():
+            self.rank_combo.blockSignals(True)
+            self.rank_combo.setCurrentIndex(index)
+            self.rank_combo.blockSignals(False)
 
     # -- session events -------------------------------------------------------------------
     def _update_rank_combo(self) -> None:
-        scopes = self.plot.scopes()
+        scopes = self.session.scopes()
         known = [self.rank_combo.itemData(i) for i in range(1, self.rank_combo.count())]
         if scopes == known:
             return
-        current = self.rank_combo.currentData()
+        current = self.view.scope
         self.rank_combo.blockSignals(True)
         self.rank_combo.clear()
         self.rank_combo.addItem("Every rank", None)
         for scope in scopes:
             self.rank_combo.addItem(scope_label(scope).capitalize(), scope)
-        index = self.rank_combo.findData(current) if current is not None else 0
-        self.rank_combo.setCurrentIndex(max(index, 0))
         self.rank_combo.blockSignals(False)
         self._rank_combo_action.setVisible(bool(scopes))
-        if self.rank_combo.currentData() != current:  # the chosen rank is gone (a new run)
-            self._on_rank_chosen(self.rank_combo.currentIndex())
+        # The chosen rank is gone (a new run): every rank again.
+        self.view.set_scope(current if current in scopes else None)
+        self._show_scope(self.view.scope)
 
     @Slot()
     def _on_changed(self) -> None:
@@ -1108,18 +877,21 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _toggle_x_mode(self) -> None:
-        self.plot.set_x_mode("steps" if self.act_steps.isChecked() else "time")
+        self.view.set_x_mode("steps" if self.act_steps.isChecked() else "time")
 
     @Slot()
     def _toggle_follow(self) -> None:
-        self.plot.set_follow(self.act_follow.isChecked())
+        self.view.set_follow(self.act_follow.isChecked())
 
     @Slot()
     def _toggle_pause(self) -> None:
-        self.plot.set_paused(self.act_pause.isChecked())
+        self.view.set_paused(self.act_pause.isChecked())
+
+    @Slot(bool)
+    def _on_paused(self, paused: bool) -> None:
+        self.act_pause.setChecked(paused)
         self.statusBar().showMessage(
-            "Drawing paused (still recording)" if self.act_pause.isChecked() else "Drawing resumed",
-            3000,
+            "Drawing paused (still recording)" if paused else "Drawing resumed", 3000
         )
 
     def show_shortcuts(self) -> None:

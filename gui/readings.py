@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Slot
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
@@ -22,6 +22,7 @@ from torchmem.units import format_bytes, format_duration
 
 from .bridge import SessionBridge
 from .trace_plot import series_color
+from .view_state import ViewState
 
 #: A reading older than this (seconds) next to the others is shown with its age, greyed.
 STALE_AFTER_S = 3.5
@@ -59,6 +60,7 @@ class ReadingsTable(QTableWidget):
         #: are hidden, as its curves are. None: every row.
         self.scope: str | None = None
 
+    @Slot(object)
     def set_scope(self, scope: str | None) -> None:
         """Show only the rows of one rank (or the total), as the traces do."""
         self.scope = scope
@@ -68,6 +70,11 @@ class ReadingsTable(QTableWidget):
     def bind(self, bridge: SessionBridge) -> None:
         """Refresh the figures at the bridge's redraw rate."""
         bridge.changed.connect(self.refresh)
+
+    def bind_view_state(self, state: ViewState) -> None:
+        """Show the rows of the process the window's view state chose."""
+        state.scope_changed.connect(self.set_scope)
+        self.set_scope(state.scope)
 
     def refresh(self) -> None:
         """Update every row from the Session."""

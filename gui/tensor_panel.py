@@ -32,6 +32,7 @@ from torchmem.units import format_bytes
 
 from .bridge import SessionBridge
 from .tensor_model import TensorModel
+from .view_state import ViewState
 
 NO_CENSUS = "No census yet: press Refresh while a script runs."
 GAP_LABEL = "not held by a Python tensor (allocator rounding, autograd buffers, C++ caches)"
@@ -157,6 +158,12 @@ class TensorPanel(QWidget):
         """Show each new census as it arrives."""
         bridge.when((CensusTaken,), self.refresh)
 
+    def bind_view_state(self, state: ViewState) -> None:
+        """Show the censuses of the process the window's view state chose."""
+        state.scope_changed.connect(self.set_scope)
+        self.set_scope(state.scope)
+
+    @Slot(object)
     def set_scope(self, scope: str | None) -> None:
         """Show the censuses of one process of a job (the toolbar's rank filter)."""
         if scope is not None and is_sum_scope(scope):  # no process: no census of its own

@@ -27,6 +27,7 @@ from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
 
 from .bridge import SessionBridge
+from .view_state import WINDOWS, ViewState
 
 COLORS = {
     "allocated": "#1f77b4",
@@ -231,6 +232,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.plots["accelerator"].hideAxis("bottom")
 
     # -- settings -------------------------------------------------------------------------
+    @Slot(str)
     def set_x_mode(self, mode: str) -> None:
         """``"time"`` (seconds since start) or ``"steps"``."""
         if mode not in ("time", "steps"):
@@ -242,6 +244,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
             self._place_marker(marker, lines)
         self.refresh(force=True)
 
+    @Slot(str)
     def set_unit(self, unit: str) -> None:
         """``"auto"`` or one of B, KiB, MiB, GiB."""
         if unit != "auto" and unit not in UNITS:
@@ -249,6 +252,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.unit = unit
         self.refresh(force=True)
 
+    @Slot(bool)
     def set_follow(self, follow: bool) -> None:
         """Keep the newest data in view (the window set by ``window_s``)."""
         self.follow = follow
@@ -259,19 +263,14 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.window_s = seconds
         self.refresh(force=True)
 
+    @Slot(bool)
     def set_paused(self, paused: bool) -> None:
         """Freeze the picture (data keeps being recorded) or resume."""
         self.paused = paused
         if not paused:
             self.refresh(force=True)
 
-    def scopes(self) -> list[str]:
-        """Ranks, then machines and the total, among the drawn series of a job; empty for
-        one process."""
-        found = {split_scope(k)[0] for k in self._curves}
-        found.discard("")
-        return sorted(found, key=lambda s: (s == "total", s.startswith("@"), len(s), s))
-
+    @Slot(object)
     def set_scope(self, scope: str | None) -> None:
         """Show only the series of one rank (or the total); ``None`` shows every rank."""
         self.scope = scope
@@ -386,6 +385,24 @@ class TracePlot(pg.GraphicsLayoutWidget):
     def bind(self, bridge: SessionBridge) -> None:
         """Redraw at the bridge's rate (at most ~30 times a second)."""
         bridge.changed.connect(self.refresh)
+
+    def bind_view_state(self, state: ViewState) -> None:
+        """Draw what the window's view state says; a pan or zoom turns its Follow off."""
+        state.scope_changed.connect(self.set_scope)
+        state.x_mode_changed.connect(self.set_x_mode)
+        state.unit_changed.connect(self.set_unit)
+        state.window_changed.connect(self._on_window_chosen)
+        state.follow_changed.connect(self.set_follow)
+        state.paused_changed.connect(self.set_paused)
+        self.follow_changed.connect(state.set_follow)
+        self.scope, self.x_mode, self.unit = state.scope, state.x_mode, state.unit
+        self.window_s, self.follow, self.paused = state.window_s, state.follow, state.paused
+        self._update_x_label()
+        self.refresh(force=True)
+
+    @Slot(str)
+    def _on_window_chosen(self, label: str) -> None:
+        self.set_window(dict(WINDOWS)[label])
 
     def refresh(self, force: bool = False) -> None:
         """Pull the Session's data into the curves (no-op while paused)."""

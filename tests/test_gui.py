@@ -690,7 +690,7 @@ def test_open_recent_lists_one_script_as_one_entry_after_a_restart(
 def test_the_shortcuts_dialog_keeps_keys_apart_from_what_they_do(window):
     from PySide6.QtGui import QFont, QFontMetrics, QTextDocument
 
-    from torchmem.gui.main_window import shortcuts_table
+    from torchmem.gui.window_chrome import shortcuts_table
 
     doc = QTextDocument()
     doc.setHtml(shortcuts_table(window))

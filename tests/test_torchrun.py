@@ -159,6 +159,81 @@ def test_window_shows_one_trace_per_rank_a_total_and_a_rank_filter(qtbot, make_w
         stop_job(proc)
 
 
+@pytest.mark.usefixtures("runtime_dir")
+def test_a_three_rank_jobs_views_totals_and_recording_agree_per_rank(qtbot, make_window):
+    """Each view, the job's total and the recording tell the same story of each rank."""
+    from torchmem.record.library import list_sessions, sessions_dir
+    from torchmem.record.replay import load
+    from torchmem.report.recorded import recorded_summary
+    from torchmem.units import format_bytes
+
+    three = [a.replace("=2", "=3") for a in TORCHRUN]
+    proc = start(
+        ["-m", "torchmem", "run", "--", sys.executable, *three, str(SCRIPTS / "ddp_train.py"),
+         "--sleep", "0.05"]
+    )  # fmt: skip
+    ranks = [f"rank{r}" for r in range(3)]
+    try:
+        wait_for_ranks(proc, n=3, timeout=120)
+        window = make_window()
+        window.attach(proc.pid)
+        qtbot.waitUntil(lambda: window.rank_combo.count() == 5, timeout=60_000)
+        items = [window.rank_combo.itemText(i) for i in range(window.rank_combo.count())]
+        assert items == ["Every rank", "Rank 0", "Rank 1", "Rank 2", "Total"]
+        qtbot.waitUntil(lambda: window.session.steps.steps >= 3, timeout=60_000)
+        window.act_census.trigger()
+        session = window.session
+        qtbot.waitUntil(
+            lambda: all(session.censuses(r)[0] is not None for r in ranks), timeout=60_000
+        )
+        window.detach()
+        qtbot.waitUntil(lambda: not window.running, timeout=10_000)
+    finally:
+        stop_job(proc)
+    window.bridge.flush()
+    latest = session.latest()
+    rss = {r: latest[f"{r}/cpu/rss"][0] for r in ranks}
+    # The job's total is the sum of each rank's newest reading (ranks report from their
+    # own threads: one may be a sample newer than the total that counted it).
+    assert latest["total/cpu/rss"][0] == pytest.approx(sum(rss.values()), rel=0.02)
+    for rank in ranks:
+        key = f"{rank}/cpu/rss"
+        assert window.readings.row_text(key)[1].startswith(format_bytes(rss[rank]))
+        assert window.plot._xy[key][1][-1] == rss[rank]
+        census = session.censuses(rank)[0].census
+        assert {d.partition("/")[0] for d in census.devices()} == {rank}
+        buffer = next(t for t in census.tensors() if t.name == "rank_buffer")
+        own = census.storages[buffer.storage_key].nbytes
+        assert own == (int(rank[-1]) + 1) * 2**20, "each rank's own buffer"
+
+    # One rank chosen: every view shows that rank and only it.
+    window.rank_combo.setCurrentIndex(window.rank_combo.findData("rank2"))
+    assert window.view.scope == "rank2"
+    visible = window.plot.visible_keys()
+    assert visible and all(k.startswith("rank2/") for k in visible)
+    shown = [k for k, row in window.readings._rows.items() if not window.readings.isRowHidden(row)]
+    assert shown and all(k.startswith("rank2/") for k in shown)
+    assert window.tensors.scope == "rank2" and "rank2/cpu" in window.tensors.headline.text()
+    assert window.breakdown.device_combo.currentText() == "rank2/cpu"
+
+    # The recording reopens with the same series, per rank and total, point for point.
+    window.recordings.recorder.wait_closed()
+    (entry,) = list_sessions(sessions_dir())
+    keys = session.keys()
+    live = {k: session.arrays(k) for k in keys}
+    peaks = session.peak_bytes()
+    assert {"rank0/cpu_rss", "rank1/cpu_rss", "rank2/cpu_rss", "total/cpu_rss"} <= set(peaks)
+    recorded = recorded_summary(load(entry.path))
+    assert recorded["peak_bytes"] == {k: int(v) for k, v in peaks.items()}
+    assert "detached" in recorded["message"]
+    window.session.reset()
+    assert window.recordings.open(entry.path)
+    for key, (t, v) in live.items():
+        t_again, v_again = window.session.arrays(key)
+        assert t_again.tolist() == t.tolist() and v_again.tolist() == v.tolist(), key
+    assert window.session.peak_bytes() == peaks
+
+
 def test_serve_inside_a_plain_torchrun_script_registers_each_rank(runtime_dir):
     proc = start([*TORCHRUN, str(SCRIPTS / "ddp_train.py"), "--serve", "--steps", "0"])
     try:
