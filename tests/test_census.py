@@ -255,7 +255,7 @@ def test_a_census_leaves_the_scripts_garbage_collection_as_it_was():
 def test_pinned_host_memory_is_asked_once_per_storage_and_only_with_an_accelerator(
     monkeypatch,
 ):
-    from torchmem.tensors import walk as tensor_census
+    from torchmem.tensors import walker as tensor_census
 
     base = torch.zeros(64)
     views = [base[i:] for i in range(5)]
