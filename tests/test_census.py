@@ -109,6 +109,33 @@ class Holder:
     kept = torch.full((3,), 7.0)
 
 
+def test_what_keeps_a_parameter_its_grad_and_adam_state_alive_reads_as_code():
+    """The chain once stopped at "item 0 of a list of 2", "a closure cell" (the optimizer's
+    parameter group first, then a cell of nobody's) for every parameter of a model."""
+    script = {"__name__": "__main__"}
+    exec(
+        "import torch\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(4, 4))\n"
+        "opt = torch.optim.Adam(model.parameters())\n"
+        "model(torch.randn(2, 4)).sum().backward()\n"
+        "opt.step()\n",
+        script,
+    )
+    weight = script["model"][0].weight
+    path = [
+        "Linear._parameters['weight']",
+        "Sequential._modules['0']",
+        "global model of the script",
+    ]
+    assert referrer_chain(weight) == path
+    assert referrer_chain(weight.grad) == ["the .grad of a parameter", *path]
+    assert referrer_chain(script["opt"].state[weight]["exp_avg"]) == [
+        "value of key 'exp_avg' in a dict of 3",
+        "Adam.state[<Parameter [4, 4]>]",
+        "global opt of the script",
+    ]
+
+
 def test_tensors_in_containers_closures_and_classes_are_named():
     in_list = [torch.zeros(11), torch.zeros(12)]
     in_dict = {"cache": torch.zeros(13)}

@@ -61,9 +61,14 @@ def own_frame(frame: types.FrameType) -> bool:
 
 
 def referrer_chain(t: Any, depth: int = 4, exclude: Iterable[int] = ()) -> list[str]:
-    """What keeps ``t`` alive: one line per hop, nearest first (at most ``depth`` hops).
+    """What keeps ``t`` alive: one line per hop, nearest first (at most ``depth`` hops),
+    ending at a global of the script, a closure, a local variable or an object nothing
+    names.
 
-    Frames of torchmem itself (the caller asking) are not counted as holders.
+    Of several holders, the one that says most is followed (:func:`_holder_rank`): an
+    attribute before a dict inside an object (a module's ``_parameters``), before a list
+    (an optimizer's parameter group), before a closure or a frame. Frames and closures of
+    torchmem itself (the caller asking) are not holders, nor a cell whose function is gone.
     """
     skip = set(exclude)
     chain: list[str] = []
@@ -75,30 +80,99 @@ def referrer_chain(t: Any, depth: int = 4, exclude: Iterable[int] = ()) -> list[
             if id(r) not in skip and not (isinstance(r, types.FrameType) and own_frame(r))
         ]
         skip.add(id(refs))
-        if not refs:
+        ranked = sorted(
+            (rank, i) for i, r in enumerate(refs) if (rank := _holder_rank(r, target)) is not None
+        )
+        if not chain and (not ranked or ranked[0][0] >= _FRAME):
+            # A .grad is held in C by its parameter, where no referrer shows it.
+            grad_of = _grad_owner(target)
+            if grad_of is not None:
+                chain.append("the .grad of a parameter")
+                target = grad_of
+                continue
+        if not ranked:
             break
-        refs.sort(key=lambda r: isinstance(r, types.FrameType))  # containers say more
-        ref = refs[0]
+        ref = refs[ranked[0][1]]
+        refs.clear()
         if isinstance(ref, types.CellType):
             fn = _closure_owner(ref)
             chain.append(f"captured by closure {fn.__qualname__}()" if fn else "a closure cell")
             break
-        if isinstance(ref, dict):
+        if isinstance(ref, dict) and any(v is target for v in list(ref.values())):
+            if ref.get("__name__") == "__main__":
+                chain.append(f"global {_key_of(ref, target)} of the script")
+                break
             owner = next(
                 (o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref), None
             )
+            if isinstance(owner, types.ModuleType):
+                chain.append(f"global {_key_of(ref, target)} of module {owner.__name__}")
+                break
             if owner is not None:
                 chain.append(f"attribute {type(owner).__name__}.{_key_of(ref, target)}")
                 target = owner
                 continue
-            if ref.get("__name__") == "__main__":
-                chain.append(f"global {_key_of(ref, target)} of the script")
-                break
+            held_by = _attribute_holding(ref)
+            if held_by is not None:  # a module's _parameters, an optimizer's state
+                obj, attr = held_by
+                key = next((k for k, v in list(ref.items()) if v is target), "?")
+                chain.append(f"{type(obj).__name__}.{attr}[{_key_text(key)}]")
+                target = obj
+                continue
         chain.append(_describe_referrer(ref, target) or f"a {type(ref).__name__}")
         if isinstance(ref, types.FrameType):
             break
         target = ref
     return chain
+
+
+_FRAME = 4  # the rank of a frame: the last holder to follow
+
+
+def _holder_rank(ref: Any, target: Any) -> int | None:
+    """How much a holder of ``target`` tells, lower first; None for one that is no holder
+    to show. A dict that holds it as a value names it; one keyed by it (an optimizer's
+    state) says no more than a list."""
+    if isinstance(ref, dict):
+        return 0 if any(v is target for v in list(ref.values())) else 2
+    if isinstance(ref, types.CellType):
+        fn = _closure_owner(ref)
+        if fn is None or fn.__code__.co_filename.startswith(_OWN_DIRS):
+            return None  # a frame's own cell, or torchmem's: no closure of the user's
+        return 3
+    if isinstance(ref, types.FrameType):
+        return _FRAME
+    if isinstance(ref, (list, tuple, set, frozenset)):
+        return 2
+    return 1
+
+
+def _attribute_holding(d: dict) -> tuple[Any, str] | None:
+    """The object and attribute whose value ``d`` is (``Linear``, ``_parameters``)."""
+    for holder in gc.get_referrers(d):
+        if isinstance(holder, dict):
+            owner = next(
+                (o for o in gc.get_referrers(holder) if getattr(o, "__dict__", None) is holder),
+                None,
+            )
+            if owner is not None:
+                return owner, _key_of(holder, d)
+    return None
+
+
+def _grad_owner(t: Any) -> Any:
+    """The parameter whose ``.grad`` is ``t`` (held in C, invisible to the referrer walk)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(t, torch.Tensor):
+        return None
+    module = torch.nn.Module
+    for obj in gc.get_objects():
+        # type(), not isinstance(): a lazy module's __class__ can warn or import.
+        if issubclass(type(obj), module):
+            for p in obj._parameters.values():
+                if p is not None and p.grad is t:
+                    return p
+    return None
 
 
 def _closure_owner(cell: types.CellType) -> types.FunctionType | None:
@@ -109,6 +183,17 @@ def _closure_owner(cell: types.CellType) -> types.FunctionType | None:
                 if isinstance(fn, types.FunctionType) and fn.__closure__ is holder:
                     return fn
     return None
+
+
+def _key_text(key: Any) -> str:
+    """A dict key as code would write it: ``'weight'``, ``3``; a tensor key (an
+    optimizer's state is keyed by parameter) by its type and shape, never its values."""
+    if isinstance(key, (str, int, float, bool)) or key is None:
+        return repr(key)
+    shape = getattr(key, "shape", None)
+    if shape is not None:
+        return f"<{type(key).__name__} {list(shape)}>"
+    return f"<{type(key).__name__}>"
 
 
 def _key_of(d: dict, value: Any) -> str:
