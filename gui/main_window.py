@@ -18,7 +18,6 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
-    QInputDialog,
     QMainWindow,
     QMessageBox,
     QVBoxLayout,
@@ -34,7 +33,6 @@ from torchmem.events import (
     RunStatus,
 )
 from torchmem.leaks.oom import explain_oom
-from torchmem.probe.allocator import allocator_env, check_allocator_conf
 from torchmem.probe.commands import COMMANDS
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.record.store import SUFFIX as SESSION_SUFFIX
@@ -58,6 +56,7 @@ from .oom_dialog import OomDialog
 from .readings import ReadingsTable
 from .recordings import Recordings
 from .run_controller import RunController
+from .run_mode import RunMode
 from .settings_values import string_list
 from .snapshot_window import SnapshotOpener
 from .tensor_panel import TensorPanel
@@ -100,8 +99,6 @@ class MainWindow(QMainWindow):
         self.cwd: str | None = None
         self.last_result: RunFinished | None = None
         self.force_exit_needed = False
-        #: PYTORCH_CUDA_ALLOC_CONF of the next runs ("" for the allocator's defaults).
-        self.allocator_conf = ""
         self._oom_dialog: OomDialog | None = None
 
         self.setWindowTitle("torchmem")
@@ -122,7 +119,9 @@ class MainWindow(QMainWindow):
         build_menus(self)
         build_status_bar(self, self.source.sampler.hz)
         self.rate_spin.valueChanged.connect(self._set_rate)
-        self.act_isolated.toggled.connect(lambda _checked: self._show_mode())
+        #: Thread or separate process, and the allocator settings, of the next runs.
+        self.run_mode = RunMode(self.settings, self.act_isolated, self.mode_label, self)
+        self.run_mode.said.connect(self._on_run_mode_said)
         self.tune_dock.visibilityChanged.connect(self._on_tune_visible)
         self.lab_dock.visibilityChanged.connect(self._on_lab_visible)
         self._bind_view_state()
@@ -234,12 +233,7 @@ class MainWindow(QMainWindow):
         self.view.restore(s)
         self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
         self.source.configure_leaks(load_leak_settings(s))
-        self.act_isolated.setChecked(s.value("run/isolated", False) in (True, "true"))
-        try:
-            self.allocator_conf = check_allocator_conf(str(s.value("run/allocator", "")))
-        except ValueError:
-            self.allocator_conf = ""  # a hand-edited setting PyTorch would not read
-        self._show_mode()
+        self.run_mode.restore()
         self.recordings.restore(s)
         auto = s.value("census/auto", True)
         self.tensors.auto_check.setChecked(auto not in (False, "false"))
@@ -427,8 +421,8 @@ class MainWindow(QMainWindow):
             self.script,
             self.script_args,
             self.cwd,
-            self.act_isolated.isChecked(),
-            allocator_env(self.allocator_conf),
+            self.run_mode.separate,
+            self.run_mode.env(),
         )
         self.update_actions()
         return True
@@ -700,40 +694,22 @@ class MainWindow(QMainWindow):
             self.alerts_dock.show()
             self.alerts_dock.raise_()
 
+    @property
+    def allocator_conf(self) -> str:
+        """PYTORCH_CUDA_ALLOC_CONF of the next runs ("" for the allocator's defaults)."""
+        return self.run_mode.allocator_conf
+
     @Slot()
     def edit_allocator_settings(self) -> None:
         """Run > Allocator settings: PYTORCH_CUDA_ALLOC_CONF of the next runs, checked."""
-        text, ok = QInputDialog.getText(
-            self,
-            "Allocator settings",
-            "PYTORCH_CUDA_ALLOC_CONF for the next runs (empty: PyTorch's defaults).\n"
-            "E.g. expandable_segments:True or max_split_size_mb:128,"
-            "garbage_collection_threshold:0.8.\nRuns with settings go to a separate process.",
-            text=self.allocator_conf,
-        )
-        if not ok:
-            return
-        try:
-            conf = check_allocator_conf(text)
-        except ValueError as exc:
-            self.show_error(f"Allocator settings not changed: {exc}")
-            return
-        self.allocator_conf = conf
-        self.settings.setValue("run/allocator", conf)
-        self._show_mode()
-        self.statusBar().showMessage(
-            f"Next runs: PYTORCH_CUDA_ALLOC_CONF={conf}, in a separate process"
-            if conf
-            else "Next runs: the allocator's default settings",
-            10000,
-        )
+        self.run_mode.edit_allocator(self)
 
-    def _show_mode(self) -> None:
-        """The status bar's mode label: a separate process, and the allocator settings."""
-        conf = self.allocator_conf
-        separate = self.act_isolated.isChecked() or bool(conf)
-        self.mode_label.setText("Separate process" + (f" · {conf}" if conf else ""))
-        self.mode_label.setVisible(separate)
+    @Slot(str, bool)
+    def _on_run_mode_said(self, text: str, refused: bool) -> None:
+        if refused:
+            self.show_error(text)
+        else:
+            self.statusBar().showMessage(text, 10000)
 
     def _on_command_result(self, event: CommandResult) -> None:
         self.statusBar().showMessage(event.message, 15000)
@@ -863,13 +839,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _toggle_isolated(self) -> None:
-        self.settings.setValue("run/isolated", self.act_isolated.isChecked())
-        self.statusBar().showMessage(
-            "Next runs in a separate process"
-            if self.act_isolated.isChecked()
-            else "Next runs in this process (a background thread)",
-            5000,
-        )
+        self.run_mode.isolated_toggled()
 
     @Slot(int)
     def _set_rate(self, hz: int) -> None:
