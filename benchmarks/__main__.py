@@ -45,12 +45,12 @@ class Bench:
 
 BENCHES = (
     Bench("sampler", "sampler_overhead.py", "step time under the sampler and leak tracking",
-          ("--blocks", "8"), ("--blocks", "3", "--steps", "20")),
+          ("--blocks", "8"), ("--blocks", "2", "--steps", "15")),
     Bench("agent", "agent_overhead.py", "step time with a viewer attached; latency; 16 agents",
-          ("--blocks", "12"), ("--blocks", "2", "--steps", "20", "--parts", "12",
-                               "--seconds", "4")),
+          ("--blocks", "12"), ("--blocks", "2", "--steps", "12", "--parts", "12",
+                               "--seconds", "3")),
     Bench("record", "record_overhead.py", "step time while recording to a session file",
-          ("--blocks", "8"), ("--blocks", "2", "--steps", "20", "--hours", "0.05")),
+          ("--blocks", "8"), ("--blocks", "2", "--steps", "12", "--hours", "0.03")),
     Bench("census", "census_speed.py", "census of 100k tensors among 1M objects",
           (), ("--tensors", "20000", "--objects", "200000", "--repeat", "1")),
     Bench("reopen", "reopen_window.py", "reopening a recorded week in the window",
@@ -58,7 +58,7 @@ BENCHES = (
     Bench("gui", "gui_speed.py", "redrawing 8 traces of 1M samples; cold start",
           (), ("--points", "100000", "--frames", "20")),
     Bench("week", "gui_week.py", "the window's RSS over a simulated week of samples",
-          ("--days", "7", "--hz", "10"), ("--days", "7", "--hz", "0.2", "--every", "60")),
+          ("--days", "7", "--hz", "10"), ("--days", "7", "--hz", "0.1", "--every", "60")),
     Bench("log", "log_flood.py", "300,000 printed lines in the window vs headless",
           (), ("--lines", "20000", "--rounds", "1")),
     Bench("snapshot", "snapshot_open.py", "opening a memory snapshot of 1 GiB and more",
@@ -175,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     rows: list[dict] = []
     for i, bench in enumerate(chosen, 1):
-        print(f"[{i}/{len(chosen)}] {bench.name}: {bench.what}…", flush=True)
+        print(f"[{i}/{len(chosen)}] {bench.name}: {bench.what}…", end="", flush=True)
+        began = time.monotonic()
         rows += run_bench(bench, opts.quick, logs, opts.verbose)
+        print(f" {time.monotonic() - began:.0f} s", flush=True)
     print()
     print_table(rows, opts.markdown)
     missed = sum(1 for r in rows if r["met"] is False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import threading
@@ -17,6 +18,13 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Keep the user's real settings out of the tests.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="torchmem-test-config-")
+
+# Tests stop runs with Ctrl+C, as a user would. A test run started in the background of a
+# non-interactive shell (`.ci/run &`, nohup) has SIGINT ignored, and children inherit an
+# ignored signal through exec: every Ctrl+C then went unheard and each stop waited out its
+# 60 s grace. A handler (not an ignore) is reset to the default in a child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,6 +6,7 @@ import contextlib
 import json
 import signal
 import subprocess
+import sys
 from functools import cache
 from typing import Any
 
@@ -66,7 +67,9 @@ def end_process_tree(proc: subprocess.Popen, sig: int = signal.SIGINT, grace: fl
         proc.communicate(timeout=grace)
         return
     except subprocess.TimeoutExpired:
-        pass
+        # Not an error of the test's (it ends the run either way), but the sign of a run
+        # that no longer stops on Ctrl+C: say so where the test's output is kept.
+        sys.stderr.write(f"end_process_tree: {proc.args!r} ignored signal {sig} for {grace} s\n")
     for p in [psutil.Process(proc.pid), *tree] if proc.poll() is None else tree:
         with contextlib.suppress(psutil.Error):
             p.kill()
