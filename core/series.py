@@ -145,24 +145,72 @@ def split_scope(key: str) -> tuple[str, str]:
     return "", key
 
 
+def split_device(name: str) -> tuple[str, str]:
+    """``("rank1", "cuda:0")`` for a device of one process of a job (``rank1/cuda:0``, as
+    censuses and peaks name them); ``("", "cuda:0")`` for a single process's."""
+    scope, _, device = name.rpartition("/")
+    return scope, device
+
+
+def scoped(scope: str, name: str) -> str:
+    """``name`` (a series key, a device) of the process or sum ``scope``: ``rank1/cpu``;
+    ``name`` itself for a single process (``""``). The inverse of :func:`split_scope`."""
+    return f"{scope}/{name}" if scope else name
+
+
 def in_scope(key: str, scope: str | None) -> bool:
     """True when series ``key`` is one of ``scope``'s (``rank1``, ``total``); any series
     for ``None`` (every rank shown)."""
     return scope is None or split_scope(key)[0] == scope
 
 
+#: The scope of a job's sums over all its processes.
+TOTAL_SCOPE = "total"
+
+
+def rank_scope(rank: int) -> str:
+    """The scope of rank ``rank`` of a job (``rank1``): unique across the job's nodes."""
+    return f"rank{rank}"
+
+
+def process_scope(pid: int, host: str = "") -> str:
+    """The scope of a process that has no rank (``pid4242``, ``pid4242@node1``)."""
+    return f"pid{pid}@{host}" if host else f"pid{pid}"
+
+
+def node_scope(host: str) -> str:
+    """The scope of one machine's sums in a multi-node job (``@node1``)."""
+    return f"@{host}"
+
+
+def is_rank_scope(scope: str) -> bool:
+    """True for the scope of one rank of a job (``rank1``)."""
+    return scope.startswith("rank") and scope[4:].isdigit()
+
+
+def is_node_scope(scope: str) -> bool:
+    """True for the sums of one machine of a job (``@node1``)."""
+    return scope.startswith("@")
+
+
+def scope_index(scope: str) -> int:
+    """The number in a process's scope (the rank, or the pid): what picks its colour."""
+    digits = "".join(c for c in scope.partition("@")[0] if c.isdigit())
+    return int(digits) if digits else 0
+
+
 def is_sum_scope(scope: str) -> bool:
     """True for the scopes torchmem adds up, which no process has: the job's ``total`` and
     a machine's (``@node1``)."""
-    return scope == "total" or scope.startswith("@")
+    return scope == TOTAL_SCOPE or is_node_scope(scope)
 
 
 def scope_label(scope: str) -> str:
     """``rank 1``, ``pid 4242``, ``total`` (of every rank), ``node node1`` (the total of a
     machine) for a series scope."""
-    if scope == "total":
+    if scope == TOTAL_SCOPE:
         return "total"
-    if scope.startswith("@"):  # the total of one machine of a multi-node job
+    if is_node_scope(scope):  # the total of one machine of a multi-node job
         return f"node {scope[1:]}"
     for prefix in ("rank", "pid"):
         if scope.startswith(prefix) and scope[len(prefix) :].isdigit():

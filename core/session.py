@@ -36,7 +36,15 @@ from torchmem.events import (
     Stream,
 )
 from torchmem.retry_streaks import RetryStreaks
-from torchmem.series import KERNEL_PEAK, is_sum_scope, split_key, split_scope
+from torchmem.series import (
+    KERNEL_PEAK,
+    TOTAL_SCOPE,
+    is_node_scope,
+    is_sum_scope,
+    split_device,
+    split_key,
+    split_scope,
+)
 from torchmem.timeseries import SeriesBuffer, StepClock
 
 Listener = Callable[[Event], None]
@@ -364,7 +372,7 @@ def census_scope(census: Any) -> str:
     """The process of a job a census comes from (``rank1``, ``pid4242``), from its devices
     (``rank1/cpu``); ``""`` for a single process's (or an empty) census."""
     for storage in census.storages.values():
-        return storage.key[0].rpartition("/")[0]
+        return split_device(storage.key[0])[0]
     return ""
 
 
@@ -372,11 +380,11 @@ def scope_order(scope: str) -> tuple[bool, bool, list[Any]]:
     """Sort key of a scope: processes (rank 2 before rank 10), then machines, the job's
     total last."""
     parts = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", scope)]
-    return scope == "total", scope.startswith("@"), parts
+    return scope == TOTAL_SCOPE, is_node_scope(scope), parts
 
 
 def _scope_order(key: str) -> tuple[bool, list[Any]]:
     """Sort key of a summary's peak (``rank2/cpu_rss``): rank 2 before rank 10, a job's
     total last."""
     parts = re.split(r"(\d+)", key)
-    return key.startswith("total/"), [int(p) if p.isdigit() else p for p in parts]
+    return split_scope(key)[0] == TOTAL_SCOPE, [int(p) if p.isdigit() else p for p in parts]

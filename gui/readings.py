@@ -14,8 +14,10 @@ from torchmem.series import (
     METRICS,
     in_scope,
     is_sparse,
+    scoped,
     series_label,
     split_key,
+    split_scope,
 )
 from torchmem.session import Session
 from torchmem.units import format_bytes, format_duration
@@ -131,11 +133,10 @@ class ReadingsTable(QTableWidget):
                 if key in kernel
                 else ""
             )
-            device = split_key(key)[0]
-            scope, _, bare = device.rpartition("/")  # "rank1/cuda:0" in a job
-            if bare == "system":
-                device = f"{scope}/cpu" if scope else "cpu"
-            total = capacity.get(device)
+            scope, bare = split_scope(key)
+            device = split_key(bare)[0]
+            # The host's available memory is a share of its RAM, as the process's RSS is.
+            total = capacity.get(scoped(scope, "cpu" if device == "system" else device))
             counts = fmt is _count
             share = (
                 f"{100 * last / total:.1f} %"

@@ -17,8 +17,12 @@ from torchmem.events import Marker, MarkerKind, Severity
 from torchmem.series import (
     COUNT_METRICS,
     METRICS,
+    TOTAL_SCOPE,
     in_scope,
+    is_node_scope,
+    is_rank_scope,
     is_sparse,
+    scope_index,
     series_label,
     split_key,
     split_scope,
@@ -71,14 +75,13 @@ def series_color(key: str) -> QColor:
     darker shades."""
     scope, rest = split_scope(key)
     device, metric = split_key(rest)
-    if scope == "total":
+    if scope == TOTAL_SCOPE:
         color = QColor(TOTAL_COLOR)
-    elif scope.startswith("@"):  # a machine's total: a grey of its own, lighter than the job's
+    elif is_node_scope(scope):  # a machine's total: a grey of its own, lighter than the job's
         color = QColor(TOTAL_COLOR).lighter(150 + 40 * (sum(map(ord, scope)) % 4))
     elif scope:
-        palette = RANK_COLORS if scope.startswith("rank") else PROCESS_COLORS
-        digits = "".join(c for c in scope.partition("@")[0] if c.isdigit()) or "0"
-        color = QColor(palette[int(digits) % len(palette)])
+        palette = RANK_COLORS if is_rank_scope(scope) else PROCESS_COLORS
+        color = QColor(palette[scope_index(scope) % len(palette)])
         if metric in ("reserved", "uss", "nvml_used"):
             color = color.lighter(140)
     else:

@@ -24,6 +24,7 @@ import psutil
 from torchmem.probe.parent_watch import pdeathsig_preexec
 from torchmem.report.summary import build_summary, rank_row, write_summary
 from torchmem.resources import path as resource_path
+from torchmem.series import rank_scope
 from torchmem.session import Session
 from torchmem.sources.follow import follow
 from torchmem.sources.processes import agents_for
@@ -97,7 +98,7 @@ class _RankFollower:
             if entry.pid in self.remotes or rank_may_come(entry):
                 continue
             if entry.world_size and not self.totals.expected:
-                self.totals.expected = {f"rank{r}" for r in range(entry.world_size)}
+                self.totals.expected = {rank_scope(r) for r in range(entry.world_size)}
             remote = RemoteSource(self.session, entry, f"{entry.scope}/", report_end=True)
             try:
                 remote.connect()

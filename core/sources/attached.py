@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from torchmem.events import CommandResult
+from torchmem.series import node_scope
 from torchmem.session import Session
 from torchmem.sources.follow import follow
 from torchmem.sources.processes import agents_for
@@ -86,7 +87,7 @@ class AttachedRun:
         if multi:  # before the first connection, so that no live sample is missed
             # Nothing counts until every rank is connected (replays arrive meanwhile).
             hosts = {e.host for e in entries}
-            nodes = {e.scope: f"@{host_name(e.host)}" for e in entries}
+            nodes = {e.scope: node_scope(host_name(e.host)) for e in entries}
             self.totals = RankTotals(
                 self.session,
                 {e.scope for e in entries},

@@ -10,7 +10,7 @@ summed (the sum of peaks taken at different moments is no peak), nor system-wide
 from __future__ import annotations
 
 from torchmem.events import Event, Sample
-from torchmem.series import COUNT_METRICS, is_sum_scope, split_key, split_scope
+from torchmem.series import COUNT_METRICS, TOTAL_SCOPE, is_sum_scope, split_key, split_scope
 from torchmem.session import Session
 
 #: Metrics whose sum over ranks means something.
@@ -55,7 +55,7 @@ class RankTotals:
         complete = {r for r in changed if self.expected <= self._latest[r].keys()}
         if not complete:
             return
-        values = {f"total/{r}": sum(self._latest[r].values()) for r in complete}
+        values = {f"{TOTAL_SCOPE}/{r}": sum(self._latest[r].values()) for r in complete}
         for rest in complete if self.nodes else ():
             by_node: dict[str, float] = {}
             for scope, value in self._latest[rest].items():

@@ -22,6 +22,8 @@ from typing import Any
 
 import psutil
 
+from torchmem.series import process_scope, rank_scope
+
 ENTRY_PREFIX = "agent-"
 
 
@@ -66,8 +68,8 @@ class AgentEntry:
         """How the series of this process are prefixed in a job: ``rank1``, ``pid4242``,
         or ``pid4242@node1`` on another machine (pids repeat across machines)."""
         if self.rank is not None:
-            return f"rank{self.rank}"  # a job's ranks are unique across its nodes
-        return f"pid{self.pid}@{host_name(self.host)}" if self.host else f"pid{self.pid}"
+            return rank_scope(self.rank)  # a job's ranks are unique across its nodes
+        return process_scope(self.pid, host_name(self.host) if self.host else "")
 
     @classmethod
     def from_json(cls, data: Any) -> AgentEntry:

@@ -30,6 +30,7 @@ import psutil
 from torchmem.probe.backends import RETRIES_ENV
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.record.library import new_session_path
+from torchmem.series import is_rank_scope, split_device
 from torchmem.tuning.model import Fit, Rounding
 from torchmem.tuning.outcome import THRASH_STEPS
 from torchmem.tuning.search import (
@@ -465,8 +466,8 @@ def worst_rank_peak(peaks: dict[str, Any], device: str) -> int | None:
     values = [
         int(v)
         for key, v in peaks.items()
-        if key.startswith("rank")
-        and key.rpartition("/")[2].partition(":")[0] == kind
+        if is_rank_scope(split_device(key)[0])
+        and split_device(key)[1].partition(":")[0] == kind
         and isinstance(v, (int, float))
     ]
     return max(values) if values else None
