@@ -12,12 +12,10 @@ take the window down.
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QGuiApplication
@@ -48,74 +46,24 @@ from torchmem.tuning.budget import budget_bytes, default_budget, headroom_bytes
 from torchmem.tuning.function import function_plan, function_spec, plan_function
 from torchmem.tuning.model import Fit
 from torchmem.tuning.noise import BatchEffect
-from torchmem.tuning.predict import Prediction, can_predict, predict
-from torchmem.tuning.search import Trial, TuneCancelled, TuneError, TuneResult
+from torchmem.tuning.predict import Prediction, can_predict
+from torchmem.tuning.search import Trial, TuneError, TuneResult
 from torchmem.tuning.summary import tune_summary
 from torchmem.tuning.trial import (
     TrialPlan,
-    plan_search,
     substitute,
     torchrun_command,
     without_option,
 )
-from torchmem.units import UNITS, auto_unit, format_bytes
+from torchmem.units import format_bytes
 
-from .job_panel import JobPanel, JobWorker
+from .job_panel import JobPanel
+from .tune_plot import FAIL_COLOR, TunePlot
+from .tune_worker import TuneWorker
 
 #: A search usually needs about this many trials (for the progress bar until it ends).
 EXPECTED_TRIALS = 7
-OK_COLOR, FAIL_COLOR, FIT_COLOR = "#1f77b4", "#d62728", "#7f7f7f"
-BUDGET_COLOR, LIMIT_COLOR, RATE_COLOR, PICK_COLOR = "#d62728", "#ff7f0e", "#2ca02c", "#2ca02c"
 COLUMNS = ("#", "Batch", "Why", "Peak", "Predicted", "Result", "Samples/s", "Time")
-
-
-class TuneWorker(JobWorker):
-    """Runs one search in its own thread; every trial is reported as it ends."""
-
-    #: A trial ended: (Trial, the fit after it or None).
-    trial_done = Signal(object, object)
-    #: The fake steps ended (a Prediction, with its model or why there is none).
-    predicted = Signal(object)
-    cancelled = TuneCancelled
-    cancelled_text = "cancelled: no trial is left running"
-    known = (TuneError,)
-    failed_text = "tuning failed"
-
-    def __init__(
-        self,
-        plan: TrialPlan,
-        limit: int,
-        minimum: int,
-        maximum: int,
-        rounding: str,
-        predict_first: bool = False,
-    ) -> None:
-        super().__init__()
-        self.plan = plan
-        self.limit, self.minimum, self.maximum, self.rounding = limit, minimum, maximum, rounding
-        self.predict_first = predict_first
-
-    def work(self) -> TuneResult:
-        """Predict (when asked), then search: a TuneResult (``finished`` carries None when
-        it failed or was cancelled)."""
-        prior = None
-        if self.predict_first:
-            prediction = predict(
-                self.plan, self.minimum, self.maximum, self.limit, self.cancel_event
-            )
-            self.predicted.emit(prediction)
-            prior = prediction.fit
-        search = plan_search(
-            self.plan,
-            self.limit,
-            self.minimum,
-            self.maximum,
-            self.rounding,  # type: ignore[arg-type]
-            on_trial=lambda trial, fit: self.trial_done.emit(trial, fit),
-            cancel=self.cancel_event,
-            prior=prior,
-        )
-        return search.run()
 
 
 class TunePanel(JobPanel):
@@ -242,71 +190,7 @@ class TunePanel(JobPanel):
         self._default_budget()
 
     def _build_plot(self) -> None:
-        self.plot = pg.PlotWidget()
-        item = self.plot.getPlotItem()
-        item.showGrid(x=True, y=True, alpha=0.2)
-        item.setLabel("bottom", "batch size (log2 scale)")
-        item.setMouseEnabled(y=False)
-        self.ok_points = pg.ScatterPlotItem(size=9, brush=pg.mkBrush(OK_COLOR), pen=None)
-        self.fail_points = pg.ScatterPlotItem(
-            size=12, symbol="x", brush=pg.mkBrush(FAIL_COLOR), pen=pg.mkPen(FAIL_COLOR)
-        )
-        # Accelerators: peak allocated beside peak reserved (hollow dots, a dotted model);
-        # the gap between the two is the allocator's cache.
-        self.alloc_points = pg.ScatterPlotItem(
-            size=8, brush=pg.mkBrush(None), pen=pg.mkPen(OK_COLOR, width=1.5)
-        )
-        self.alloc_curve = pg.PlotDataItem(pen=pg.mkPen(OK_COLOR, width=1, style=Qt.DotLine))
-        self.fit_curve = pg.PlotDataItem(pen=pg.mkPen(FIT_COLOR, width=2, style=Qt.DashLine))
-        self.band = pg.FillBetweenItem(
-            pg.PlotDataItem(), pg.PlotDataItem(), brush=pg.mkBrush(127, 127, 127, 40)
-        )
-        # (angle, colour, pen style, width, label, where the label sits along the line)
-        self.budget_line = _line(0, BUDGET_COLOR, Qt.DashLine, 1, "budget", 0.05)
-        self.limit_line = _line(0, LIMIT_COLOR, Qt.DotLine, 1, "budget − headroom", 0.3)
-        self.margin_line = _line(0, LIMIT_COLOR, Qt.DashDotLine, 1, "− noise margin", 0.75)
-        self.total_line = _line(0, FIT_COLOR, Qt.SolidLine, 1, "device total", 0.55)
-        self.predicted_line = _line(90, FIT_COLOR, Qt.DashLine, 1, "predicted", 0.95)
-        self.pick_line = _line(90, PICK_COLOR, Qt.SolidLine, 2, "recommended", 0.85)
-        for it in (
-            self.band, self.fit_curve, self.alloc_curve, self.alloc_points, self.ok_points,
-            self.fail_points,
-        ):  # fmt: skip
-            item.addItem(it)
-        lines = (
-            self.budget_line, self.limit_line, self.margin_line, self.total_line,
-            self.predicted_line, self.pick_line,
-        )  # fmt: skip
-        for line in lines:
-            item.addItem(line, ignoreBounds=line is not self.budget_line)
-            line.hide()
-        # Throughput on a right axis of its own, sharing the batch-size axis.
-        self.rate_view = pg.ViewBox()
-        item.showAxis("right")
-        item.scene().addItem(self.rate_view)
-        item.getAxis("right").linkToView(self.rate_view)
-        item.getAxis("right").setLabel("samples/s", color=RATE_COLOR)
-        self.rate_view.setXLink(item)
-        self.rate_curve = pg.PlotDataItem(
-            pen=pg.mkPen(RATE_COLOR, width=1), symbol="t", symbolSize=7,
-            symbolBrush=RATE_COLOR, symbolPen=None,
-        )  # fmt: skip
-        self.knee_point = pg.ScatterPlotItem(
-            size=16, symbol="o", pen=pg.mkPen(RATE_COLOR, width=2), brush=None
-        )
-        self.rate_view.addItem(self.rate_curve)
-        self.rate_view.addItem(self.knee_point)
-        item.vb.sigResized.connect(self._sync_rate_view)
-        self.plot.setToolTip(
-            "Each dot is a trial: its peak memory at that batch size. The dashed curve is "
-            "the fitted memory model (its band: ± the residuals), drawn out to the budget; "
-            "red crosses ran out of memory or crossed the budget. On an accelerator the "
-            "dots are peak reserved (what the budget is on) and the hollow dots peak "
-            "allocated, with their own dotted model: the gap is the allocator's cache. The "
-            "dash-dotted line sits two standard deviations of identical runs under the limit: "
-            "the recommendation's peak stays below it, so that its next run fits too. "
-            "Triangles: throughput (right axis), the circled one its knee."
-        )
+        self.plot = TunePlot()
 
     def _build_table(self) -> None:
         self.table = QTableWidget(0, len(COLUMNS))
@@ -576,104 +460,19 @@ class TunePanel(JobPanel):
 
     def _redraw(self) -> None:
         plan = self.plan
-        budget = plan.budget_bytes if plan else self._form_budget()
-        unit = auto_unit(budget) if budget else "MiB"
-        scale = UNITS[unit]
-        if not self.trials:
-            # No trials yet: from zero to the budget, not pyqtgraph's -0.4...0.4.
-            self.plot.getPlotItem().setYRange(0, (budget or 1 << 30) * 1.05 / scale)
-        self.plot.getPlotItem().setLabel("left", f"peak memory ({unit})")
-        # A size that thrashed the allocator is drawn as failed, under the limit though it is.
-        good = [t.ok and not t.thrashed and t.peak_bytes is not None for t in self.trials]
-        ok = [t for t, g in zip(self.trials, good, strict=True) if g]
-        bad = [t for t, g in zip(self.trials, good, strict=True) if not g]
-        self.ok_points.setData(
-            [math.log2(t.batch_size) for t in ok], [t.peak_bytes / scale for t in ok]
-        )
-        top = plan.budget_bytes if plan else 0
-        self.fail_points.setData(
-            [math.log2(t.batch_size) for t in bad],
-            [(t.peak_bytes or top) / scale for t in bad],
-        )
-        allocated = [t for t in ok if t.peak_allocated_bytes is not None]
-        self.alloc_points.setData(
-            [math.log2(t.batch_size) for t in allocated],
-            [t.peak_allocated_bytes / scale for t in allocated],
-        )
-        self._draw_fit(scale)
-        self._draw_rates()
         memory = nvml.device_memory(plan.device) if plan and not plan.on_cpu else None
-        total = memory[1] if memory else None
-        margin = self.result.noise.margin if self.result is not None else 0.0
-        for line, value in (
-            (self.budget_line, top),
-            (self.limit_line, self.limit),
-            (self.margin_line, self.limit - margin if margin > 0 else 0),
-            (self.total_line, total or 0),
-        ):
-            line.setVisible(bool(value))
-            line.setValue(value / scale)
-        result = self.result
-        for line, batch in (
-            (self.predicted_line, result.predicted if result else None),
-            (self.pick_line, result.recommended if result else None),
-        ):
-            line.setVisible(batch is not None)
-            if batch is not None:
-                line.setValue(math.log2(batch))
-        sizes = [t.batch_size for t in self.trials] + (
-            [result.predicted] if result and result.predicted else []
+        self.plot.draw(
+            self.trials,
+            self.fit,
+            self.result,
+            plan.budget_bytes if plan else self._form_budget(),
+            self.limit,
+            memory[1] if memory else None,
+            (self.min_spin.value(), self.max_spin.value()),
+            planned=plan is not None,
         )
-        hi = max([*sizes, 2]) if sizes else max(self.max_spin.value(), 2)
-        lo = min([*sizes, self.min_spin.value()])
-        ticks = [(k, f"{2**k:,}") for k in range(int(math.log2(lo)), int(math.log2(hi)) + 2)]
-        self.plot.getPlotItem().getAxis("bottom").setTicks([ticks])
-        self.plot.getPlotItem().setXRange(math.log2(lo) - 0.3, math.log2(hi) + 0.3)
         self._update_headline()
         self._update_buttons()
-
-    def _draw_fit(self, scale: float) -> None:
-        fit = self.fit
-        if fit is None or not self.trials:
-            self.fit_curve.setData([], [])
-            self.alloc_curve.setData([], [])
-            self.band.curves[0].setData([], [])
-            self.band.curves[1].setData([], [])
-            return
-        sizes = [t.batch_size for t in self.trials]
-        reach = fit.largest_under(self.limit) or max(sizes)
-        right = max(max(sizes), min(reach * 1.3, self.max_spin.value() * 2))
-        xs = np.exp2(np.linspace(math.log2(min(sizes)), math.log2(max(right, 2)), 120))
-        ys = np.array([fit.peak(x) for x in xs])
-        self.fit_curve.setData(np.log2(xs), ys / scale)
-        allocated = self.result.fit_allocated if self.result else None
-        if allocated is not None:
-            self.alloc_curve.setData(np.log2(xs), np.array([allocated.peak(x) for x in xs]) / scale)
-        else:
-            self.alloc_curve.setData([], [])
-        band = 2 * fit.rms_residual
-        self.band.curves[0].setData(np.log2(xs), (ys - band) / scale)
-        self.band.curves[1].setData(np.log2(xs), (ys + band) / scale)
-
-    def _draw_rates(self) -> None:
-        rated = sorted(
-            (t.batch_size, t.samples_per_s) for t in self.trials if t.samples_per_s and t.ok
-        )
-        self.rate_curve.setData([math.log2(b) for b, _ in rated], [r for _, r in rated])
-        knee = self.result.knee if self.result else None
-        rates = dict(rated)
-        if knee in rates:
-            self.knee_point.setData([math.log2(knee)], [rates[knee]])
-        else:
-            self.knee_point.setData([], [])
-        if rated:
-            self.rate_view.setYRange(0, max(r for _, r in rated) * 1.15)
-
-    @Slot()
-    def _sync_rate_view(self) -> None:
-        item = self.plot.getPlotItem()
-        self.rate_view.setGeometry(item.vb.sceneBoundingRect())
-        self.rate_view.linkedViewChanged(item.vb, self.rate_view.XAxis)
 
     def _update_headline(self) -> None:
         result = self.result
@@ -774,18 +573,6 @@ class TunePanel(JobPanel):
             self.say(f"Cannot export to {path}: {exc}", error=True)
             return
         self.say(f"Exported {path}")
-
-
-def _line(
-    angle: int, color: str, style: Qt.PenStyle, width: int, label: str, position: float
-) -> pg.InfiniteLine:
-    """A labelled horizontal (0) or vertical (90) marker line of the plot."""
-    return pg.InfiniteLine(
-        angle=angle,
-        pen=pg.mkPen(color, style=style, width=width),
-        label=label,
-        labelOpts={"position": position, "color": color},
-    )
 
 
 def _explain(result: TuneResult, option: str) -> str:

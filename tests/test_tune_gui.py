@@ -46,9 +46,9 @@ def test_a_search_fills_plot_and_table_live_and_its_result_can_be_used(qtbot, pa
     # Filled trial by trial, not at the end.
     assert seen == list(range(1, len(result.trials) + 1))
     assert panel.table.rowCount() == len(result.trials) >= 3
-    assert len(panel.ok_points.data) == sum(t.ok for t in result.trials)
-    assert len(panel.fit_curve.getData()[0]) > 10  # the model, drawn out to the budget
-    assert panel.pick_line.isVisible() and panel.limit_line.isVisible()
+    assert len(panel.plot.ok_points.data) == sum(t.ok for t in result.trials)
+    assert len(panel.plot.fit_curve.getData()[0]) > 10  # the model, drawn out to the budget
+    assert panel.plot.pick_line.isVisible() and panel.plot.limit_line.isVisible()
     assert f"{result.recommended:,}" in panel.headline.text()
     assert "Recommended --batch-size" in panel.status.text()
     assert panel.progress.value() == len(result.trials)
@@ -128,7 +128,7 @@ def test_a_budget_below_batch_size_one_is_reported_and_the_panel_stays_usable(qt
     qtbot.waitUntil(lambda: not panel.running, timeout=SEARCH_TIMEOUT_MS)
     assert panel.result is None
     assert "batch size 1 does not fit" in panel.status.text()
-    assert panel.table.rowCount() == 1 and len(panel.fail_points.data) == 1
+    assert panel.table.rowCount() == 1 and len(panel.plot.fail_points.data) == 1
     assert panel.start_button.isEnabled()
 
 
@@ -163,10 +163,11 @@ def test_on_an_accelerator_allocated_is_drawn_beside_reserved(qtbot, panel):
     result = BatchSearch(measure, panel.limit).run()
     panel.trials, panel.fit, panel.result = result.trials, result.fit, result
     panel._redraw()
-    assert len(panel.alloc_points.data) == len(panel.ok_points.data) == len(result.trials)
-    assert all(a["y"] < r["y"] for a, r in zip(panel.alloc_points.data, panel.ok_points.data,
+    drawn = panel.plot
+    assert len(drawn.alloc_points.data) == len(drawn.ok_points.data) == len(result.trials)
+    assert all(a["y"] < r["y"] for a, r in zip(drawn.alloc_points.data, drawn.ok_points.data,
                                                 strict=True))  # fmt: skip
-    assert len(panel.alloc_curve.getData()[0]) > 10  # its own model, dotted
+    assert len(panel.plot.alloc_curve.getData()[0]) > 10  # its own model, dotted
 
 
 def test_a_torchrun_job_is_tuned_per_rank_from_the_panel(qtbot, panel):
