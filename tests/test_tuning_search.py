@@ -241,7 +241,7 @@ def test_a_quadratic_term_an_early_fit_had_is_not_said_once_the_final_fit_drops_
     # of the first five trials have a quadratic term, the answer's fit does not.
     sizes = [1, 2, 16, 256, 512, 1182, 1630]
     peaks = [90, 90, 96, 330, 670, 1486, 2030]
-    from torchmem.tuning import search
+    from torchmem.tuning import evidence
 
     quadratic = []
 
@@ -250,8 +250,8 @@ def test_a_quadratic_term_an_early_fit_had_is_not_said_once_the_final_fit_drops_
         quadratic.append(fit.is_quadratic)
         return fit
 
-    real_fit_peaks = search.fit_peaks
-    monkeypatch.setattr(search, "fit_peaks", fit_peaks)
+    real_fit_peaks = evidence.fit_peaks
+    monkeypatch.setattr(evidence, "fit_peaks", fit_peaks)
 
     def measure(b: int, role: str, predicted: float | None) -> Trial:
         peak = int(np.interp(b, sizes, peaks) * MiB)
