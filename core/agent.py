@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import heapq
 import hmac
-import itertools
 import logging
 import os
 import queue
 import secrets
 import selectors
 import socket
-import struct
 import sys
 import threading
 import time
@@ -34,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from torchmem import __version__
-from torchmem.events import AlertState, Event, Marker, MarkerKind, Sample
+from torchmem.events import Event, Marker, MarkerKind
 from torchmem.probe.commands import COMMANDS
 from torchmem.session import Session
 from torchmem.sources.inprocess import InProcessSource
@@ -47,27 +44,26 @@ from torchmem.transport.discovery import (
     write_entry,
 )
 from torchmem.transport.protocol import (
-    MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
     FrameError,
-    FrameReader,
     ProtocolError,
     encode,
     field,
 )
-from torchmem.transport.wire import event_to_wire
+from torchmem.transport.replay import History
+from torchmem.transport.viewers import (
+    ViewerLink,
+    chunks,
+    events_frame,
+    peer_allowed,
+    peer_uid,
+    reply_frame,
+)
 
 log = logging.getLogger(__name__)
 
-#: Periodic samples kept for a viewer that attaches late (10 min at 10 Hz).
-HISTORY = 6000
-#: Step markers and step-boundary readings kept for it (the last 6,000 steps): kept apart,
-#: so that a fast loop (100 steps/s) does not push the periodic samples out in a minute.
-STEP_HISTORY = 12_000
 #: Events waiting for the agent thread; a burst beyond this drops the oldest.
 OUTBOX = 20_000
-#: Bytes queued for one viewer before its oldest event batches are dropped.
-MAX_QUEUED_BYTES = 32 * 1024 * 1024
 #: A viewer must say hello within this many seconds.
 HELLO_TIMEOUT_S = 5.0
 MAX_VIEWERS = 32
@@ -75,55 +71,6 @@ MAX_VIEWERS = 32
 #: Requests answered in the agent thread at once; every command (probe.commands.COMMANDS)
 #: runs in the command thread, one at a time.
 INLINE_REQUESTS = ("subscribe", "unsubscribe", "info", "set_rate", "ping")
-
-
-def peer_uid(sock: socket.socket) -> int | None:
-    """The uid of the process at the other end of a Unix socket, where the OS says it."""
-    if sock.family != getattr(socket, "AF_UNIX", None):
-        return None
-    so_peercred = getattr(socket, "SO_PEERCRED", None)
-    if so_peercred is not None:  # Linux: struct ucred {pid, uid, gid}
-        creds = sock.getsockopt(socket.SOL_SOCKET, so_peercred, struct.calcsize("3i"))
-        return struct.unpack("3i", creds)[1]
-    return None
-
-
-def peer_allowed(uid: int | None, own_uid: int) -> bool:
-    """A peer may talk to the agent when it is the same user, or the OS cannot tell (the
-    0600 socket and the token then keep others out)."""
-    return uid is None or uid == own_uid
-
-
-class _Viewer:
-    """One connection: its reader, its outgoing frames and what it asked for."""
-
-    ids = itertools.count(1)
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.id = next(self.ids)
-        self.sock = sock
-        self.reader = FrameReader(MAX_REQUEST_BYTES)
-        self.authed = False
-        self.subscribed = False
-        self.connected_at = time.monotonic()
-        self.out: deque[tuple[bytes, bool]] = deque()  # (frame, droppable)
-        self.out_bytes = 0
-        self.sending: memoryview | None = None
-        self.dropped = 0
-        self.closing = False  # close once the queue is sent (after an error reply)
-
-    def queue(self, frame: bytes, droppable: bool = False) -> None:
-        self.out.append((frame, droppable))
-        self.out_bytes += len(frame)
-        while self.out_bytes > MAX_QUEUED_BYTES:
-            # A slow viewer loses its oldest event batches, never replies.
-            victim = next((i for i, (_, d) in enumerate(self.out) if d), None)
-            if victim is None:
-                break
-            frame_out, _ = self.out[victim]
-            del self.out[victim]
-            self.out_bytes -= len(frame_out)
-            self.dropped += 1
 
 
 class Agent:
@@ -144,10 +91,9 @@ class Agent:
         self.token = secrets.token_hex(32)
         self.pid = os.getpid()
         self.entry: AgentEntry | None = None
-        self._viewers: dict[int, _Viewer] = {}
+        self._viewers: dict[int, ViewerLink] = {}
         self._subscribers = 0
-        self._history: deque[Event] = deque(maxlen=HISTORY)
-        self._step_history: deque[Event] = deque(maxlen=STEP_HISTORY)
+        self._history = History()
         self._outbox: deque[Event] = deque(maxlen=OUTBOX)
         self._outbox_dropped = 0
         self._replies: deque[tuple[int, bytes]] = deque()
@@ -281,10 +227,7 @@ class Agent:
 
     # -- the Session side (any thread, often the training loop: cheap and never blocking) --
     def _on_event(self, event: Event) -> None:
-        if isinstance(event, Sample):
-            (self._history if event.step is None else self._step_history).append(event)
-        elif isinstance(event, Marker) and event.kind is MarkerKind.STEP:
-            self._step_history.append(event)
+        self._history.keep(event)
         if self._subscribers:
             if len(self._outbox) == self._outbox.maxlen:
                 self._outbox_dropped += 1
@@ -374,11 +317,11 @@ class Agent:
             sock.close()
             return
         sock.setblocking(False)
-        viewer = _Viewer(sock)
+        viewer = ViewerLink(sock)
         self._viewers[viewer.id] = viewer
         sel.register(sock, selectors.EVENT_READ, viewer.id)
 
-    def _read(self, sel: selectors.BaseSelector, viewer: _Viewer) -> None:
+    def _read(self, sel: selectors.BaseSelector, viewer: ViewerLink) -> None:
         try:
             data = viewer.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
@@ -411,12 +354,12 @@ class Agent:
                 self._refuse(viewer, str(exc))
                 return
 
-    def _refuse(self, viewer: _Viewer, message: str) -> None:
+    def _refuse(self, viewer: ViewerLink, message: str) -> None:
         """Answer with an error, then close once it is sent."""
         viewer.queue(encode({"type": "error", "message": message, "fatal": True}))
         viewer.closing = True
 
-    def _handle(self, viewer: _Viewer, message: dict[str, Any]) -> None:
+    def _handle(self, viewer: ViewerLink, message: dict[str, Any]) -> None:
         kind = message["type"]
         if not viewer.authed:
             if kind != "hello":
@@ -462,7 +405,7 @@ class Agent:
             name = field(message, "name", str)
             args = field(message, "args", dict, {})
         except ProtocolError as exc:
-            viewer.queue(_reply(rid, False, error=str(exc)))
+            viewer.queue(reply_frame(rid, False, error=str(exc)))
             return
         if name in INLINE_REQUESTS:
             self._inline(viewer, rid, name, args)
@@ -470,38 +413,38 @@ class Agent:
             try:
                 self._requests.put_nowait((viewer.id, rid, name, args))
             except queue.Full:
-                viewer.queue(_reply(rid, False, error="busy: too many requests in flight"))
+                viewer.queue(reply_frame(rid, False, error="busy: too many requests in flight"))
         else:
-            viewer.queue(_reply(rid, False, error=f"unknown request {name!r}"))
+            viewer.queue(reply_frame(rid, False, error=f"unknown request {name!r}"))
 
-    def _inline(self, viewer: _Viewer, rid: int, name: str, args: dict[str, Any]) -> None:
+    def _inline(self, viewer: ViewerLink, rid: int, name: str, args: dict[str, Any]) -> None:
         if name == "subscribe":
             if not viewer.subscribed:
                 viewer.subscribed = True
                 self._subscribers += 1
                 self.first_viewer.set()
-                replay = self._replay()
-                viewer.queue(_reply(rid, True, {"replayed": len(replay)}))
-                for chunk in _chunks(replay, 2000):
-                    viewer.queue(_events_frame(chunk, 0), droppable=False)
+                replay = self._history.replay(self.session)
+                viewer.queue(reply_frame(rid, True, {"replayed": len(replay)}))
+                for chunk in chunks(replay, 2000):
+                    viewer.queue(events_frame(chunk, 0), droppable=False)
             else:
-                viewer.queue(_reply(rid, True, {"replayed": 0}))
+                viewer.queue(reply_frame(rid, True, {"replayed": 0}))
         elif name == "unsubscribe":
             if viewer.subscribed:
                 viewer.subscribed = False
                 self._subscribers -= 1
-            viewer.queue(_reply(rid, True))
+            viewer.queue(reply_frame(rid, True))
         elif name == "info":
-            viewer.queue(_reply(rid, True, self.info()))
+            viewer.queue(reply_frame(rid, True, self.info()))
         elif name == "set_rate":
             hz = args.get("hz")
             if not isinstance(hz, (int, float)) or isinstance(hz, bool):
-                viewer.queue(_reply(rid, False, error="set_rate needs a number 'hz'"))
+                viewer.queue(reply_frame(rid, False, error="set_rate needs a number 'hz'"))
                 return
             self.source.sampler.set_rate(hz)
-            viewer.queue(_reply(rid, True, {"hz": self.source.sampler.hz}))
+            viewer.queue(reply_frame(rid, True, {"hz": self.source.sampler.hz}))
         elif name == "ping":
-            viewer.queue(_reply(rid, True, {"now": self.session.now()}))
+            viewer.queue(reply_frame(rid, True, {"now": self.session.now()}))
 
     def info(self) -> dict[str, Any]:
         """What a viewer needs to set up its window: devices, capacity, rate, state."""
@@ -518,23 +461,6 @@ class Agent:
             "protocol_errors": self.errors,
         }
 
-    def _replay(self) -> list[Event]:
-        """What a late viewer needs to see the run so far, in time order."""
-        s = self.session
-        events: list[Event] = []
-        if s.run_started is not None:
-            events.append(s.run_started)
-        events.extend(heapq.merge(list(self._history), list(self._step_history), key=_time_of))
-        events.extend(s.user_markers())
-        events.extend(list(s.logs)[-1000:])
-        events.extend(a for a in s.alert_log if a.state is AlertState.ACTIVE)
-        latest, previous = s.censuses()
-        events.extend(c for c in (previous, latest) if c is not None)
-        if s.run_finished is not None:
-            events.append(s.run_finished)
-        events.sort(key=lambda e: e.t)
-        return events
-
     def _pump(self, sel: selectors.BaseSelector) -> None:
         """Batch pending events for subscribers, post replies, and close idle handshakes."""
         if self._outbox:
@@ -547,8 +473,8 @@ class Agent:
             dropped, self._outbox_dropped = self._outbox_dropped, 0
             subscribers = [v for v in self._viewers.values() if v.subscribed and not v.closing]
             if subscribers:
-                for chunk in _chunks(batch, 2000):
-                    frame = _events_frame(chunk, dropped)
+                for chunk in chunks(batch, 2000):
+                    frame = events_frame(chunk, dropped)
                     dropped = 0
                     for viewer in subscribers:
                         viewer.queue(frame, droppable=True)
@@ -565,7 +491,7 @@ class Agent:
             if viewer.out or viewer.sending is not None:
                 self._write(sel, viewer)
 
-    def _write(self, sel: selectors.BaseSelector, viewer: _Viewer) -> None:
+    def _write(self, sel: selectors.BaseSelector, viewer: ViewerLink) -> None:
         try:
             while True:
                 if viewer.sending is None:
@@ -589,7 +515,7 @@ class Agent:
         with contextlib.suppress(KeyError, ValueError):
             sel.modify(viewer.sock, events, viewer.id)
 
-    def _drop(self, sel: selectors.BaseSelector, viewer: _Viewer) -> None:
+    def _drop(self, sel: selectors.BaseSelector, viewer: ViewerLink) -> None:
         if self._viewers.pop(viewer.id, None) is None:
             return
         if viewer.subscribed:
@@ -611,7 +537,7 @@ class Agent:
                 ok, result, error = True, self._run_request(name, args), ""
             except Exception as exc:
                 ok, result, error = False, None, str(exc) or type(exc).__name__
-            self._replies.append((vid, _reply(rid, ok, result, error)))
+            self._replies.append((vid, reply_frame(rid, ok, result, error)))
             self._wake()
 
     def _run_request(self, name: str, args: dict[str, Any]) -> Any:
@@ -640,25 +566,6 @@ class Agent:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def _reply(rid: int, ok: bool, result: Any = None, error: str = "") -> bytes:
-    message: dict[str, Any] = {"type": "reply", "id": rid, "ok": ok}
-    if ok:
-        message["result"] = result
-    else:
-        message["error"] = error
-    return encode(message)
-
-
-def _events_frame(events: list[Event], dropped: int) -> bytes:
-    return encode(
-        {"type": "events", "events": [event_to_wire(e) for e in events], "dropped": dropped}
-    )
-
-
-def _chunks(items: list[Any], size: int) -> list[list[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
 def _env_int(name: str) -> int | None:
     try:
         return int(os.environ[name])
@@ -682,10 +589,6 @@ def _referrers(args: dict[str, Any]) -> dict[str, Any]:
     from torchmem.tensors.referrers import referrers_of, tensor_identity
 
     return referrers_of(tensor_identity(args))
-
-
-def _time_of(event: Sample | Marker) -> float:
-    return event.t
 
 
 _running: Agent | None = None  # the agent serving this process, however it was started

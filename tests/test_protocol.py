@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from test_agent import start, wait_for_agent, wait_until
 
 from torchmem import agent as agent_module
-from torchmem.agent import Agent, peer_allowed, peer_uid
+from torchmem.agent import Agent
 from torchmem.events import (
     Alert,
     CensusTaken,
@@ -37,6 +37,7 @@ from torchmem.session import Session
 from torchmem.sources.inprocess import InProcessSource
 from torchmem.sources.remote import RemoteSource
 from torchmem.tensors.walk import take_census
+from torchmem.transport import viewers as viewers_module
 from torchmem.transport.client import AttachError, connect_socket
 from torchmem.transport.discovery import (
     AgentEntry,
@@ -53,6 +54,7 @@ from torchmem.transport.protocol import (
     ProtocolError,
     encode,
 )
+from torchmem.transport.viewers import peer_allowed, peer_uid
 from torchmem.transport.wire import event_from_wire, event_to_wire
 
 
@@ -293,7 +295,7 @@ def test_a_silent_connection_is_closed_after_the_hello_timeout(local_agent, monk
 
 def test_a_viewer_that_never_reads_costs_bounded_memory_and_never_blocks(local_agent, monkeypatch):
     agent, entry = local_agent
-    monkeypatch.setattr(agent_module, "MAX_QUEUED_BYTES", 256 * 1024)
+    monkeypatch.setattr(viewers_module, "MAX_QUEUED_BYTES", 256 * 1024)
     sock = _raw(entry, encode({"type": "request", "id": 1, "name": "subscribe"}))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     wait_until(lambda: agent._subscribers == 1)
