@@ -13,7 +13,6 @@ from PySide6.QtCore import QPointF, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import QGraphicsItem, QWidget
 
-from torchmem.events import Marker, MarkerKind, Severity
 from torchmem.series import (
     COUNT_METRICS,
     METRICS,
@@ -31,6 +30,7 @@ from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
 
 from .bridge import SessionBridge
+from .plot_markers import MarkerLines
 from .view_state import WINDOWS, ViewState
 
 COLORS = {
@@ -46,7 +46,6 @@ COLORS = {
 }
 DASHED = {"peak_allocated", "available", "heap_free"}
 HIDDEN_BY_DEFAULT = {"available", "heap_free", "rss_peak"}
-MARKER_COLORS = {MarkerKind.EPOCH: "#e377c2", MarkerKind.USER: "#bcbd22"}
 MAX_STEP_TICKS = 400
 #: The legend's columns when the width allows (fewer in a narrow window).
 LEGEND_COLUMNS = 4
@@ -55,10 +54,6 @@ LEGEND_COLUMNS = 4
 #: (9 frames/s) against 40-70 ms at 1 px (benchmarks/gui_speed.py). A dense trace looks
 #: the same thin; a sparse one keeps its weight.
 DENSE_POINTS = 1500
-#: Marker lines kept on the plots (the newest): thousands of lines would cost every frame.
-MAX_MARKER_LINES = 120
-#: Space kept between two marker labels (px).
-MARKER_LABEL_GAP_PX = 12
 
 
 #: One colour per rank of a job (metrics of a rank differ by line style and shade).
@@ -96,25 +91,6 @@ def plot_group(key: str) -> str:
     return "host" if device in ("cpu", "system") else "accelerator"
 
 
-def _discard(item: pg.GraphicsObject) -> None:
-    """Take an item off its plot and have Qt delete it here, in the GUI thread.
-
-    A removed pyqtgraph item is often in a reference cycle. Left to Python's gc it could be
-    destroyed by a collection in another thread (the script's, the command thread's
-    gc.collect()), and destroying a Qt object there deadlocks PySide6.
-    """
-    view = item.getViewBox()
-    if view is not None:
-        # Off the PlotItem when it has one: its list of items keeps a reference that the
-        # view's removeItem leaves, and every marker line dropped stayed alive with it.
-        owner = view.parentItem()
-        if isinstance(owner, pg.PlotItem):
-            owner.removeItem(item)
-        else:
-            view.removeItem(item)
-    item.deleteLater()
-
-
 class TracePlot(pg.GraphicsLayoutWidget):
     """Accelerator and host memory plots over a step strip, sharing one X axis."""
 
@@ -136,8 +112,6 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self._xy: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         #: What each curve was last given (length, ends, scale): unchanged data is skipped.
         self._drawn: dict[str, tuple] = {}
-        self._marker_lines: list[tuple[Marker, list[pg.InfiniteLine]]] = []
-        self._alert_lines: dict[str, tuple[object, list[pg.InfiniteLine]]] = {}
         self._setting_range = False
 
         # The legend gets its own row so that it never hides a trace; click an entry to
@@ -179,8 +153,6 @@ class TracePlot(pg.GraphicsLayoutWidget):
             "script updates parameters by hand)"
         )
         self.steps_plot.vb.sigRangeChangedManually.connect(self._user_moved)
-        # Every plot's x is linked to this one: a zoom, a scroll or following the run.
-        self.steps_plot.vb.sigXRangeChanged.connect(self._thin_marker_labels)
         self.step_ticks = self.steps_plot.plot(
             [], [], connect="pairs", pen=pg.mkPen("#888", width=1)
         )
@@ -188,6 +160,10 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.steps_plot.addItem(self.steps_label, ignoreBounds=True)
         for plot in (self.plots["accelerator"], self.steps_plot):
             plot.setXLink(self.plots["host"])
+        #: Epoch and user markers, and where alerts were raised, as lines across the plots.
+        self.marks = MarkerLines(session, [*self.plots.values(), self.steps_plot])
+        # Every plot's x is linked to this one: a zoom, a scroll or following the run.
+        self.steps_plot.vb.sigXRangeChanged.connect(self.marks.thin_labels)
         self._crosshairs = []
         for plot in (*self.plots.values(), self.steps_plot):
             line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#999", style=Qt.DotLine))
@@ -243,8 +219,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.x_mode = mode
         self._update_x_label()
         self.clear_readout()  # its x was in the other unit ("t = ..." in step mode)
-        for marker, lines in self._marker_lines:
-            self._place_marker(marker, lines)
+        self.marks.place(mode)
         self.refresh(force=True)
 
     @Slot(str)
@@ -306,14 +281,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self._xy.clear()
         self._drawn.clear()
         self.clear_readout()  # it read the last run (an attach showed its "t = 22.3 s")
-        for _, lines in self._marker_lines:
-            for line in lines:
-                _discard(line)
-        self._marker_lines.clear()
-        for _, lines in self._alert_lines.values():
-            for line in lines:
-                _discard(line)
-        self._alert_lines.clear()
+        self.marks.clear()
         self.step_ticks.setData([], [])
         self.samples_drawn = 0
         self.plots["accelerator"].setVisible(False)
@@ -440,8 +408,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 plot.setLabel("left", f"memory ({unit})")
         self.samples_drawn = self.session.samples
         self._draw_steps()
-        self._draw_markers()
-        self._draw_alerts()
+        self.marks.draw(self.x_mode)
         if self.follow:
             self._follow(data)
 
@@ -469,105 +436,6 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.steps_label.setText(f"{total:,} steps" if total else "no steps yet")
         (x0, _), _ = self.steps_plot.vb.viewRange()
         self.steps_label.setPos(x0, 1.0)
-
-    def _place_marker(self, marker: Marker, lines: list[pg.InfiniteLine]) -> None:
-        pos = marker.t if self.x_mode == "time" else float(marker.step)
-        for line in lines:
-            line.setValue(pos)
-
-    def _draw_markers(self) -> None:
-        markers = self.session.user_markers()
-        last = self._marker_lines[-1][0] if self._marker_lines else None
-        start = 0
-        if last is not None:  # markers after the last one drawn (the deque may have rolled)
-            start = next((i + 1 for i in range(len(markers) - 1, -1, -1) if markers[i] is last), 0)
-        for marker in markers[start:][-MAX_MARKER_LINES:]:
-            color = MARKER_COLORS.get(marker.kind, "#bcbd22")
-            lines = []
-            for i, plot in enumerate((*self.plots.values(), self.steps_plot)):
-                label = marker.label if i == 1 else None
-                line = pg.InfiniteLine(
-                    angle=90,
-                    movable=False,
-                    pen=pg.mkPen(color, width=1.5, style=Qt.DashLine),
-                    label=label,
-                    labelOpts={"position": 0.92, "color": color, "movable": False},
-                )
-                line.setToolTip(f"{marker.label} (step {marker.step}, {marker.t:.1f} s)")
-                plot.addItem(line, ignoreBounds=True)
-                lines.append(line)
-            self._marker_lines.append((marker, lines))
-            self._place_marker(marker, lines)
-        while len(self._marker_lines) > MAX_MARKER_LINES:
-            _, old_lines = self._marker_lines.pop(0)
-            for line in old_lines:
-                _discard(line)
-        if start < len(markers):
-            self._thin_marker_labels()
-
-    @Slot()
-    def _thin_marker_labels(self, *_: object) -> None:
-        """Label a marker only where its label has room: a script that marks every few
-        steps drew its labels over each other into one unreadable smear. The newest
-        labels win; a marker without its label keeps its line and tooltip, and zooming
-        in brings the label back."""
-        shown_left: float | None = None  # the left end of the last label shown
-        view = None
-        for _, lines in reversed(self._marker_lines):
-            line = next((ln for ln in lines if getattr(ln, "label", None)), None)
-            if line is None:
-                continue
-            if view is None:  # every labelled line is on one plot: its range, once
-                vb = line.getViewBox()
-                if vb is None or vb.width() <= 0:
-                    return
-                (x0, x1), _ = vb.viewRange()
-                if x1 <= x0:
-                    return
-                view = (x0, vb.width() / (x1 - x0), vb.width())
-            x0, scale, width = view
-            px = (line.value() - x0) * scale
-            if px < 0:
-                break  # this one and every older one are left of the view
-            if px > width:
-                continue
-            # pyqtgraph puts a label right of its line in the view's left half and left
-            # of it in the right half (so that the newest stays inside the plot).
-            w = self._label_width(line)
-            left, right = (px, px + w) if px < width / 2 else (px - w, px)
-            room = shown_left is None or right <= shown_left
-            if line.label.isVisible() != room:
-                line.label.setVisible(room)
-            if room:
-                shown_left = left
-
-    @staticmethod
-    def _label_width(line: pg.InfiniteLine) -> float:
-        return line.label.boundingRect().width() + MARKER_LABEL_GAP_PX
-
-    def _draw_alerts(self) -> None:
-        """A red line where each alert was first raised (once per alert key)."""
-        for alert in self.session.raised_alerts():
-            if alert.key in self._alert_lines:
-                continue
-            color = "#d62728" if alert.severity is Severity.CRITICAL else "#ff7f0e"
-            lines = []
-            for i, plot in enumerate((*self.plots.values(), self.steps_plot)):
-                line = pg.InfiniteLine(
-                    angle=90,
-                    movable=False,
-                    pen=pg.mkPen(color, width=2, style=Qt.DotLine),
-                    label=f"⚠ {alert.kind.replace('_', ' ')}" if i == 1 else None,
-                    labelOpts={"position": 0.8, "color": color, "movable": False},
-                )
-                line.setToolTip(f"{alert.message}\n\nFix: {alert.suggestion}")
-                plot.addItem(line, ignoreBounds=True)
-                lines.append(line)
-            self._alert_lines[alert.key] = (alert, lines)
-        for alert, lines in self._alert_lines.values():
-            pos = alert.t if self.x_mode == "time" else float(alert.raised_step)
-            for line in lines:
-                line.setValue(pos)
 
     def _follow(self, data: dict) -> None:
         t_max = max((float(t[-1]) for t, _ in data.values() if len(t)), default=0.0)

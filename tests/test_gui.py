@@ -52,7 +52,7 @@ def test_demo_runs_and_its_memory_is_drawn(qtbot, window):
     x, y = window.plot._curves["cpu/rss"].getData()
     assert len(x) >= 2 and float(np.max(y)) > 10  # drawn in MiB: a real process is > 10 MiB
     assert window.plot.samples_drawn == window.session.samples
-    epochs = [m.label for m, _ in window.plot._marker_lines]
+    epochs = [m.label for m, _ in window.plot.marks.markers]
     assert epochs == ["epoch 1", "epoch 2"]
     label, now, peak = window.readings.row_text("cpu/rss")
     assert label == "process RSS" and now.endswith("MiB") and peak.endswith("MiB")
@@ -413,7 +413,7 @@ def test_dense_markers_label_only_where_their_labels_have_room(qtbot, window):
     def labels_in_view():
         QApplication.processEvents()  # pyqtgraph places labels as the view changes
         out = []
-        for _, lines in plot._marker_lines:
+        for _, lines in plot.marks.markers:
             line = next(ln for ln in lines if getattr(ln, "label", None))
             (x0, x1), _ = line.getViewBox().viewRange()
             if x0 <= line.value() <= x1:
@@ -438,7 +438,7 @@ def test_dense_markers_label_only_where_their_labels_have_room(qtbot, window):
 
 def test_only_the_newest_marker_lines_are_kept(qtbot, window):
     from torchmem.events import Marker, MarkerKind
-    from torchmem.gui.trace_plot import MAX_MARKER_LINES
+    from torchmem.gui.plot_markers import MAX_MARKER_LINES
 
     session = window.session
     for i in range(3 * MAX_MARKER_LINES):
@@ -447,7 +447,7 @@ def test_only_the_newest_marker_lines_are_kept(qtbot, window):
         if i % 50 == 0:
             window.plot.refresh(force=True)
     window.plot.refresh(force=True)
-    labels = [m.label for m, _ in window.plot._marker_lines]
+    labels = [m.label for m, _ in window.plot.marks.markers]
     assert len(labels) == MAX_MARKER_LINES, "thousands of lines would slow every frame"
     assert labels[-1] == f"mark {3 * MAX_MARKER_LINES - 1}" and labels == sorted(
         labels, key=lambda text: int(text.split()[1])
@@ -460,7 +460,7 @@ def test_only_the_newest_marker_lines_are_kept(qtbot, window):
 
     QApplication.sendPostedEvents(None, QEvent.DeferredDelete)
     gc.collect()
-    kept = sum(len(lines) for _, lines in window.plot._marker_lines)
+    kept = sum(len(lines) for _, lines in window.plot.marks.markers)
     alive = sum(type(o) is pg.InfiniteLine for o in gc.get_objects())  # no proxy asked
     assert alive - kept < 10, f"{alive - kept} lines left alive"  # 3: the hover lines
 

@@ -257,7 +257,7 @@ def test_a_leak_raises_an_alert_marked_on_the_traces_and_leads_to_its_culprits(q
     qtbot.waitUntil(lambda: window.alerts.active_count >= 1, timeout=RUN_TIMEOUT_MS)
     assert window.alerts_dock.windowTitle() == "Alerts (1)"
     assert "⚠ leak" in window.statusBar().currentMessage() or "leak" in window.log.toPlainText()
-    assert "leak:cpu/rss" in window.plot._alert_lines
+    assert "leak:cpu/rss" in window.plot.marks.alerts
     qtbot.waitUntil(lambda: "features" in window.alerts.selected().message, timeout=RUN_TIMEOUT_MS)
     qtbot.waitUntil(lambda: not window.running, timeout=RUN_TIMEOUT_MS)
     alert = window.alerts.selected()
