@@ -13,21 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from torchmem.leaks.advice import SUGGEST_CLOSURE, SUGGEST_CONTAINER, SUGGEST_GRAPH
 from torchmem.units import format_bytes
-
-SUGGEST_GRAPH = (
-    "Each kept tensor keeps its autograd graph, and every activation the graph saved, alive. "
-    "Keep a number instead: loss.item(), or a tensor without its graph: out.detach()."
-)
-SUGGEST_CONTAINER = (
-    "{holder} gains an entry every step and is never emptied: keep only what you need "
-    "(collections.deque(maxlen=N)), store .item() / .detach().cpu() values, or clear it."
-)
-SUGGEST_CLOSURE = (
-    "Tensors captured by a hook or a closure live as long as it does: remove the hook "
-    "(handle.remove()) or keep detached copies that you release."
-)
-
 
 _INDEX = re.compile(r"\[(\d+|'[^']*'|\"[^\"]*\")\]")
 _NUMBERS = re.compile(r"\b(item|of a list of|of a tuple of|in a dict of|key) \d+")

@@ -37,6 +37,13 @@ from torchmem.events import (
     Sample,
     Severity,
 )
+from torchmem.leaks.advice import (
+    SUGGEST_CACHE,
+    SUGGEST_CAPACITY,
+    SUGGEST_NOT_TENSORS,
+    SUGGEST_RETRIES,
+    SUGGEST_WORKERS,
+)
 from torchmem.leaks.culprits import (
     CensusGroup,
     describe_culprit,
@@ -70,36 +77,6 @@ FLOOR_SPAN = 4
 # arenas, other allocators).
 RSS_MARGIN = 1.5
 
-SUGGEST_NOT_TENSORS = (
-    "Tensor bytes are not growing: the growth is outside tensors (Python objects, a "
-    "DataLoader's workers or prefetching, a C library). tracemalloc or memray can tell which."
-)
-SUGGEST_CACHE = (
-    "Allocated memory is flat while the allocator's reserve grows: this is the caching "
-    "allocator keeping freed blocks (fragmentation), not a leak. empty_cache() returns them; "
-    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces fragmentation."
-)
-SUGGEST_CAPACITY = (
-    "Close to the device's capacity: an OOM is near. Reduce the batch size, use mixed "
-    "precision or activation checkpointing, or free what the Tensors panel shows."
-)
-SUGGEST_RETRIES = (
-    "The allocator had to free its cache and retry cudaMalloc: memory is nearly exhausted "
-    "and steps slow down. Reduce the batch size or set "
-    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
-)
-
-SUGGEST_WORKERS = (
-    "A DataLoader worker is a fork of the training process: it shares its parent's pages "
-    "until it writes to them, and Python writes to every object it reads (its reference "
-    "count). Each page of a dataset kept as Python objects (a list of paths, captions, "
-    "dicts) that a worker touches becomes that worker's own copy, so the workers' memory "
-    "grows toward num_workers times the dataset. Keep the samples in numpy arrays or "
-    "tensors (a few objects, no per-item counts), e.g. np.array(paths) instead of a list; "
-    "call gc.freeze() before the DataLoader starts its workers; or use fewer workers. "
-    "Ranks started by mp.spawn grow here too: attach to one (torchmem attach PID) to see "
-    "its tensors."
-)
 # What child processes hold of their own (cpu/children: their USS) is read every 2 s, not
 # at step boundaries, so its trend is over time: the newest CHILDREN_WINDOW readings, at
 # least CHILDREN_MIN_READINGS of them, must rise significantly by CHILDREN_MIN_RISE. A
