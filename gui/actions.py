@@ -26,7 +26,7 @@ ACTIONS = (
     ActionSpec(
         "act_open",
         "&Open script…",
-        "open_script_dialog",
+        "opening.open_script_dialog",
         "Ctrl+O",
         "Choose a Python training script to run",
     ),
@@ -40,7 +40,7 @@ ACTIONS = (
     ActionSpec(
         "act_open_snapshot",
         "Open memory sna&pshot…",
-        "open_snapshot_dialog",
+        "opening.open_snapshot_dialog",
         "Ctrl+Shift+M",
         "Read a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), however large: "
         "active memory over time by kind, what was live at any moment and which line "
@@ -57,7 +57,7 @@ ACTIONS = (
     ActionSpec(
         "act_demo",
         "Open the &demo",
-        "open_demo",
+        "opening.open_demo",
         None,
         "Run the bundled demo: a small CNN on synthetic data",
     ),
@@ -130,7 +130,7 @@ ACTIONS = (
     ActionSpec(
         "act_tune",
         "&Tune the batch size…",
-        "open_tune",
+        "panels.open_tune",
         "Ctrl+B",
         "Find the largest batch size that fits a memory budget: a few trials in separate "
         "processes, a fitted memory model, a verified recommendation",
@@ -138,7 +138,7 @@ ACTIONS = (
     ActionSpec(
         "act_lab",
         "Memory &lab…",
-        "open_lab",
+        "panels.open_lab",
         "Ctrl+L",
         "Measure what tensor operations cost in memory and time across sizes: add vs "
         "add_, views vs copies, matmul, your own expressions, what backward keeps",
@@ -190,7 +190,7 @@ ACTIONS = (
     ActionSpec(
         "act_history",
         "Record CUDA allocation &history",
-        "_toggle_history",
+        "report.toggle_history",
         None,
         "Record every CUDA allocation and free with its Python stack (the newest 100,000), "
         "for a memory snapshot; slows allocation a little while on",
@@ -222,7 +222,7 @@ ACTIONS = (
     ActionSpec(
         "act_oom",
         "Explain the &out-of-memory error…",
-        "show_oom_report",
+        "report.show_oom_report",
         None,
         "What the failed allocation asked for, the largest tensors by name when it failed, "
         "and what to try",

@@ -17,7 +17,6 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QApplication,
-    QFileDialog,
     QMainWindow,
     QMessageBox,
     QVBoxLayout,
@@ -26,16 +25,11 @@ from PySide6.QtWidgets import (
 
 from torchmem import __version__
 from torchmem.events import (
-    Alert,
-    CommandResult,
     RunFinished,
-    RunStarted,
     RunStatus,
 )
-from torchmem.leaks.oom import explain_oom
 from torchmem.probe.commands import COMMANDS
 from torchmem.probe.runner import ScriptError, validate_script
-from torchmem.record.store import SUFFIX as SESSION_SUFFIX
 from torchmem.resources import path as resource_path
 from torchmem.series import scope_label
 from torchmem.session import Session
@@ -50,14 +44,15 @@ from .banner import Banner
 from .breakdown_plot import BreakdownPlot
 from .bridge import SessionBridge
 from .gui_gc import GuiThreadCollector
+from .lazy_panels import LazyPanels
 from .leak_settings import LeakSettingsDialog, load_leak_settings
 from .log_pane import LogPane
-from .oom_dialog import OomDialog
+from .opening import Opening
 from .readings import ReadingsTable
 from .recordings import Recordings
 from .run_controller import RunController
 from .run_mode import RunMode
-from .settings_values import string_list
+from .run_report import RunReport
 from .snapshot_window import SnapshotOpener
 from .tensor_panel import TensorPanel
 from .theme import apply_theme
@@ -73,8 +68,7 @@ from .window_chrome import (
 )
 
 if TYPE_CHECKING:  # made on first use: importing them at start costs the first frame
-    from .lab_panel import LabPanel
-    from .tune_panel import TunePanel
+    pass
 
 # Bumped whenever docks are added or moved: a dock layout saved by an older version would
 # put new docks in odd places, so it is not restored.
@@ -97,9 +91,9 @@ class MainWindow(QMainWindow):
         self.script: str | None = None
         self.script_args: list[str] = []
         self.cwd: str | None = None
-        self.last_result: RunFinished | None = None
         self.force_exit_needed = False
-        self._oom_dialog: OomDialog | None = None
+        #: What the window says of a run's start, end, alerts and command results.
+        self.report = RunReport(self)
 
         self.setWindowTitle("torchmem")
         self.setWindowIcon(QIcon(str(resource_path("icon.svg"))))
@@ -109,9 +103,13 @@ class MainWindow(QMainWindow):
         self.snapshots.failed.connect(self._on_snapshot_failed)
         #: Attach, detach and reconnect, and what the window shows of them.
         self.attaching = Attaching(self)
+        #: The Open dialogs, the recent scripts and dropped files.
+        self.opening = Opening(self)
         self.setAcceptDrops(True)
         #: Scope, x axis, unit, window, follow and pause: what every view shows.
         self.view = ViewState(self)
+        #: The Tune and Lab panels, made the first time their docks show.
+        self.panels = LazyPanels(self)
         self._build_views()
         build_actions(self)
         build_docks(self)
@@ -122,8 +120,8 @@ class MainWindow(QMainWindow):
         #: Thread or separate process, and the allocator settings, of the next runs.
         self.run_mode = RunMode(self.settings, self.act_isolated, self.mode_label, self)
         self.run_mode.said.connect(self._on_run_mode_said)
-        self.tune_dock.visibilityChanged.connect(self._on_tune_visible)
-        self.lab_dock.visibilityChanged.connect(self._on_lab_visible)
+        self.tune_dock.visibilityChanged.connect(self.panels.on_tune_visible)
+        self.lab_dock.visibilityChanged.connect(self.panels.on_lab_visible)
         self._bind_view_state()
         self._connect_runs()
         # From here on every cyclic collection of this process runs in the GUI thread.
@@ -134,7 +132,7 @@ class MainWindow(QMainWindow):
             view.bind(self.bridge)
         self.alerts.changed.connect(self._update_alert_badge)
         self.bridge.changed.connect(self._on_changed)
-        self.bridge.events.connect(self._on_events)
+        self.bridge.events.connect(self.report.on_events)
         self._restore_settings()
         self.update_actions()
 
@@ -164,10 +162,6 @@ class MainWindow(QMainWindow):
         self.alerts.show_tensors.connect(self.show_culprits)
         self.alerts.mute_requested.connect(self.mute_alert)
         self.breakdown = BreakdownPlot(self.session)
-        # The Tune and Lab panels are made the first time their docks show: most
-        # sessions never tune, and every window would otherwise carry their widgets.
-        self._tune: TunePanel | None = None
-        self._lab: LabPanel | None = None
 
     def _bind_view_state(self) -> None:
         """The views draw what the view state says; the actions show it."""
@@ -240,7 +234,7 @@ class MainWindow(QMainWindow):
         theme = s.value("view/theme", "system")
         for act in self.theme_group.actions():
             act.setChecked(act.data() == theme)
-        self._refresh_recent()
+        self.opening.refresh_recent()
 
     def save_settings(self) -> None:
         """Remember geometry, docks and view choices for the next start."""
@@ -263,19 +257,12 @@ class MainWindow(QMainWindow):
         self.breakdown.setPalette(app.palette())
         self.breakdown.apply_palette()
 
-    def _refresh_recent(self) -> None:
-        self.recent_menu.clear()
-        recent = [r for r in string_list(self.settings, "recent") if Path(r).exists()]
-        for entry in recent[:10]:
-            self.recent_menu.addAction(entry, lambda p=entry: self.load_script(p, run=True))
-        self.recent_menu.setEnabled(bool(recent))
-
-    def _remember(self, script: str) -> None:
-        recent = [r for r in string_list(self.settings, "recent") if r != script]
-        self.settings.setValue("recent", [script, *recent][:10])
-        self._refresh_recent()
-
     # -- running scripts ------------------------------------------------------------------
+    @property
+    def last_result(self) -> RunFinished | None:
+        """How the last run shown ended (None while it runs, or before any)."""
+        return self.report.last_result
+
     @property
     def running(self) -> bool:
         """True while a script thread or an attach is alive."""
@@ -284,14 +271,6 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def _on_snapshot_failed(self, text: str) -> None:
         self.show_error(text, "warning")
-
-    def open_snapshot_dialog(self) -> None:
-        """Choose a memory snapshot and open it in a Snapshot window."""
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Open memory snapshot", "", "Snapshots (*.pickle *.pkl);;All files (*)"
-        )
-        if path:
-            self.snapshots.open(path)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
         """Accept files: a script runs, a recorded session reopens, anything else is read
@@ -306,27 +285,7 @@ class MainWindow(QMainWindow):
             return
         path = urls[0].toLocalFile()
         event.acceptProposedAction()
-        if path.endswith(".py"):
-            self.load_script(path, [])
-        elif path.endswith(SESSION_SUFFIX):
-            self.recordings.open(path)
-        else:
-            self.snapshots.open(path)
-
-    def open_script_dialog(self) -> None:
-        """Ask for a script and run it."""
-        start = str(Path(self.script).parent) if self.script else str(Path.cwd())
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Open a training script", start, "Python scripts (*.py);;All files (*)"
-        )
-        if path:
-            self.load_script(path, run=True)
-
-    def open_demo(self) -> None:
-        """Load and run the bundled demo."""
-        from torchmem.resources import demo_script
-
-        self.load_script(str(demo_script()), [], run=True)
+        self.opening.open_dropped(path)
 
     def load_script(
         self,
@@ -370,7 +329,7 @@ class MainWindow(QMainWindow):
             self.args_edit.setText(shlex.join(self.script_args))
         if cwd is not None:
             self.cwd = cwd
-        self._remember(self.script)
+        self.opening.remember(self.script)
         if switching:
             self.session.note(f"{Path(self.script).name} runs once the current run has ended")
             if self.attached is not None:
@@ -509,57 +468,6 @@ class MainWindow(QMainWindow):
         self.update_actions()
 
     # -- attaching ------------------------------------------------------------------------
-    @property
-    def tune(self) -> TunePanel:
-        """The Tune panel, made on first use."""
-        if self._tune is None:
-            from .tune_panel import TunePanel
-
-            self._tune = TunePanel()
-            self._tune.use_batch_size.connect(self._use_batch_size)
-            self.tune_dock.setWidget(self._tune)
-        return self._tune
-
-    @Slot(bool)
-    def _on_tune_visible(self, visible: bool) -> None:
-        if visible:
-            self.tune.set_script(self.script, self.script_args)
-
-    @property
-    def lab(self) -> LabPanel:
-        """The Lab panel, made on first use."""
-        if self._lab is None:
-            from .lab_panel import LabPanel
-
-            self._lab = LabPanel()
-            self.lab_dock.setWidget(self._lab)
-        return self._lab
-
-    @Slot(bool)
-    def _on_lab_visible(self, visible: bool) -> None:
-        if visible:
-            _ = self.lab  # made when first shown
-
-    def open_lab(self) -> None:
-        """Show the Lab panel."""
-        self.lab_dock.show()
-        self.lab_dock.raise_()
-        self.lab.op_list.setFocus()
-
-    def open_tune(self) -> None:
-        """Show the Tune panel, with the current script and its arguments."""
-        self.tune.set_script(self.script, self.script_args)
-        self.tune_dock.show()
-        self.tune_dock.raise_()
-        self.tune.script_edit.setFocus()
-
-    @Slot(str, list)
-    def _use_batch_size(self, script: str, args: list) -> None:
-        if self.load_script(script, args):
-            self.statusBar().showMessage(
-                f"Arguments set to {shlex.join(args)}: F5 runs the script with them", 15000
-            )
-
     def attach(
         self,
         pid: int | None,
@@ -598,7 +506,7 @@ class MainWindow(QMainWindow):
         self.breakdown.refresh(force=True)
         self.alerts.refresh()
         self.log.start_section()
-        self.last_result = None
+        self.report.last_result = None
 
     @Slot(str)
     def _on_run_ended(self, attached_label: str) -> None:
@@ -653,47 +561,6 @@ class MainWindow(QMainWindow):
                     + (" (blocked in a C call?)" if self.stuck else "")
                 )
 
-    @Slot(list)
-    def _on_events(self, events: list) -> None:
-        # What the window itself shows of a run's events (the views render their own).
-        for event in events:
-            if isinstance(event, RunStarted):
-                self.run_label.setText("● Running")
-                self.act_history.setChecked(False)  # a new process records nothing yet
-                if self.attached is None:  # accelerators are found as a run starts
-                    self.update_actions()
-            elif isinstance(event, RunFinished):
-                self._show_finished(event)
-            elif isinstance(event, Alert) and event.is_new:
-                self.statusBar().showMessage(event.headline, 30000)
-            elif isinstance(event, CommandResult):
-                self._on_command_result(event)
-
-    @Slot()
-    def show_oom_report(self) -> OomDialog | None:
-        """The Out of memory dialog of the run shown, if it ended out of memory."""
-        report = explain_oom(self.session)
-        if report is None:
-            return None
-        if self._oom_dialog is not None:
-            self._oom_dialog.close()
-        dialog = OomDialog(report, self)
-        dialog.setAttribute(Qt.WA_DeleteOnClose)
-        dialog.action_requested.connect(self._on_oom_action)
-        dialog.destroyed.connect(lambda: setattr(self, "_oom_dialog", None))
-        self._oom_dialog = dialog
-        dialog.show()
-        self.update_actions()
-        return dialog
-
-    @Slot(str)
-    def _on_oom_action(self, key: str) -> None:
-        if key == "tune":
-            self.open_tune()
-        elif key == "leak":
-            self.alerts_dock.show()
-            self.alerts_dock.raise_()
-
     @property
     def allocator_conf(self) -> str:
         """PYTORCH_CUDA_ALLOC_CONF of the next runs ("" for the allocator's defaults)."""
@@ -710,37 +577,6 @@ class MainWindow(QMainWindow):
             self.show_error(text)
         else:
             self.statusBar().showMessage(text, 10000)
-
-    def _on_command_result(self, event: CommandResult) -> None:
-        self.statusBar().showMessage(event.message, 15000)
-        if event.command == "history_start":
-            self.act_history.setChecked(event.ok)
-        elif event.command == "history_stop" and event.ok:
-            self.act_history.setChecked(False)
-        elif event.command == "snapshot":  # a file to find again: say where, and keep it up
-            self.banner.show_message(event.message, "info" if event.ok else "warning")
-
-    def _toggle_history(self, checked: bool) -> None:
-        # The action shows the target's state once the result arrives, not the click.
-        self.act_history.setChecked(not checked)
-        self.run_command("history_start" if checked else "history_stop")
-
-    def _show_finished(self, event: RunFinished) -> None:
-        self.last_result = event
-        text = event.headline(self.session.steps.steps)
-        self.run_label.setText(text)
-        self.run_label.setToolTip(f"{text}: {event.message}")
-        # The label on the right says how it ended; the message says why (never twice).
-        self.statusBar().showMessage(event.message, 30000)
-        if event.status is RunStatus.OOM:
-            QTimer.singleShot(0, self.show_oom_report)  # after the views drew the run's end
-        if event.status in (RunStatus.FAILED, RunStatus.OOM, RunStatus.KILLED):
-            started = self.session.run_started
-            name = Path(started.script).name if started else Path(self.script or "").name
-            self.banner.show_message(f"{name}: {event.message}", "error")
-        elif event.status is RunStatus.STOPPED:
-            message = event.message[:1].upper() + event.message[1:]
-            self.banner.show_message(f"{message}.", "info")
 
     # -- commands -------------------------------------------------------------------------
     def run_command(self, name: str) -> None:
@@ -886,10 +722,9 @@ class MainWindow(QMainWindow):
         A script already known to be blocked in a C call (or abandoned) is not waited for:
         the process exits at once (``force_exit_needed``).
         """
-        tuned = self._tune is None or self._tune.shutdown(timeout_ms)
-        measured = self._lab is None or self._lab.shutdown(timeout_ms)
-        measured = self.snapshots.shutdown(timeout_ms) and measured
-        clean = tuned and measured and self.runs.shutdown(timeout_ms)
+        panels = self.panels.shutdown(timeout_ms)
+        snapshots = self.snapshots.shutdown(timeout_ms)
+        clean = panels and snapshots and self.runs.shutdown(timeout_ms)
         self.recordings.close()
         self.bridge.close()
         if self._collector is not None:

@@ -648,8 +648,10 @@ def test_an_oom_opens_a_report_that_names_the_tensors_in_the_failing_frames(
     script = script_path("oom_in_forward.py")
     window.load_script(str(script), [], run=True)
     assert finish(qtbot, window).status is RunStatus.OOM
-    qtbot.waitUntil(lambda: window._oom_dialog is not None and window._oom_dialog.isVisible())
-    dialog = window._oom_dialog
+    qtbot.waitUntil(
+        lambda: window.report.oom_dialog is not None and window.report.oom_dialog.isVisible()
+    )
+    dialog = window.report.oom_dialog
     report = dialog.report
     assert report.device == "cpu" and report.requested_bytes == 1 << 50
     names = [dialog.table.item(r, 1).text() for r in range(dialog.table.rowCount())]

@@ -112,9 +112,9 @@ def test_the_window_opens_the_lab_from_the_memory_menu(qtbot, make_window):
     window = make_window()
     window.act_lab.trigger()  # Memory > Memory lab… (Ctrl+L)
     assert window.act_lab.shortcut().toString() == "Ctrl+L"
-    assert window.lab_dock.widget() is window.lab and window.lab_dock.isVisible()
-    window.lab.set_ops(["add"])
-    window.lab.sizes_edit.setText("64")
-    assert window.lab.start()
+    assert window.lab_dock.widget() is window.panels.lab and window.lab_dock.isVisible()
+    window.panels.lab.set_ops(["add"])
+    window.panels.lab.sizes_edit.setText("64")
+    assert window.panels.lab.start()
     assert window.shutdown()  # closing waits for the lab's thread
-    assert not window.lab.running
+    assert not window.panels.lab.running

@@ -138,9 +138,9 @@ def test_the_window_opens_the_panel_on_its_script_and_takes_the_result_back(qtbo
     window.act_tune.trigger()  # Run > Tune the batch size… (Ctrl+B)
     assert window.tune_dock.isVisible()
     # The window's script, its other arguments; the batch option is the search's to set.
-    assert window.tune.script_edit.text() == str(Path(LINEAR).resolve())
-    assert window.tune.args_edit.text() == "--steps 50"
-    window.tune.use_batch_size.emit(LINEAR, ["--steps", "50", "--batch-size", "384"])
+    assert window.panels.tune.script_edit.text() == str(Path(LINEAR).resolve())
+    assert window.panels.tune.args_edit.text() == "--steps 50"
+    window.panels.tune.use_batch_size.emit(LINEAR, ["--steps", "50", "--batch-size", "384"])
     assert window.script_args == ["--steps", "50", "--batch-size", "384"]
     assert window.args_edit.text() == "--steps 50 --batch-size 384"
     assert "F5 runs the script" in window.statusBar().currentMessage()

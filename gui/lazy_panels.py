@@ -1,0 +1,88 @@
+"""The Tune and Lab panels, made the first time they are shown.
+
+Most sessions never tune or measure an operation, and every window would otherwise
+build and carry both panels' widgets (and import their modules at start-up). Each dock
+holds a placeholder until it is first shown; the panel is then made, put in the dock and
+kept. The window reaches them as ``window.panels.tune`` and ``window.panels.lab``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, Slot
+
+if TYPE_CHECKING:
+    from .lab_panel import LabPanel
+    from .main_window import MainWindow
+    from .tune_panel import TunePanel
+
+
+class LazyPanels(QObject):
+    """The window's Tune and Lab panels, made on first use; shut down with the window."""
+
+    def __init__(self, window: MainWindow) -> None:
+        super().__init__(window)
+        self.window = window
+        self._tune: TunePanel | None = None
+        self._lab: LabPanel | None = None
+
+    @property
+    def tune(self) -> TunePanel:
+        """The Tune panel, made on first use."""
+        if self._tune is None:
+            from .tune_panel import TunePanel
+
+            self._tune = TunePanel()
+            self._tune.use_batch_size.connect(self._use_batch_size)
+            self.window.tune_dock.setWidget(self._tune)
+        return self._tune
+
+    @property
+    def lab(self) -> LabPanel:
+        """The Lab panel, made on first use."""
+        if self._lab is None:
+            from .lab_panel import LabPanel
+
+            self._lab = LabPanel()
+            self.window.lab_dock.setWidget(self._lab)
+        return self._lab
+
+    @Slot(bool)
+    def on_tune_visible(self, visible: bool) -> None:
+        """The Tune dock was shown (a tab clicked): made, with the window's script."""
+        if visible:
+            self.tune.set_script(self.window.script, self.window.script_args)
+
+    @Slot(bool)
+    def on_lab_visible(self, visible: bool) -> None:
+        """The Lab dock was shown: made."""
+        if visible:
+            _ = self.lab
+
+    def open_lab(self) -> None:
+        """Show the Lab panel."""
+        self.window.lab_dock.show()
+        self.window.lab_dock.raise_()
+        self.lab.op_list.setFocus()
+
+    def open_tune(self) -> None:
+        """Show the Tune panel, with the current script and its arguments."""
+        self.tune.set_script(self.window.script, self.window.script_args)
+        self.window.tune_dock.show()
+        self.window.tune_dock.raise_()
+        self.tune.script_edit.setFocus()
+
+    @Slot(str, list)
+    def _use_batch_size(self, script: str, args: list) -> None:
+        if self.window.load_script(script, args):
+            self.window.statusBar().showMessage(
+                f"Arguments set to {shlex.join(args)}: F5 runs the script with them", 15000
+            )
+
+    def shutdown(self, timeout_ms: int) -> bool:
+        """End a search or a measurement still running; True when both ended in time."""
+        tuned = self._tune is None or self._tune.shutdown(timeout_ms)
+        measured = self._lab is None or self._lab.shutdown(timeout_ms)
+        return tuned and measured
