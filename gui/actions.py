@@ -237,7 +237,7 @@ ACTIONS = (
     ActionSpec(
         "act_steps",
         "X axis in &steps",
-        "_toggle_x_mode",
+        "view.set_steps",
         "Ctrl+T",
         "Show the X axis in training steps instead of seconds",
         checkable=True,
@@ -245,7 +245,7 @@ ACTIONS = (
     ActionSpec(
         "act_follow",
         "&Follow",
-        "_toggle_follow",
+        "view.set_follow",
         "F",
         "Keep the newest data in view",
         checkable=True,
@@ -253,7 +253,7 @@ ACTIONS = (
     ActionSpec(
         "act_pause",
         "&Pause drawing",
-        "_toggle_pause",
+        "view.set_paused",
         "Space",
         "Freeze the traces; data is still recorded",
         checkable=True,

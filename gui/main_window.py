@@ -6,9 +6,8 @@ import gc
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
+from PySide6.QtCore import QSettings, QTimer, Slot
 from PySide6.QtGui import (
     QCloseEvent,
     QDragEnterEvent,
@@ -26,7 +25,6 @@ from PySide6.QtWidgets import (
 from torchmem import __version__
 from torchmem.events import (
     RunFinished,
-    RunStatus,
 )
 from torchmem.probe.commands import COMMANDS
 from torchmem.probe.runner import ScriptError, validate_script
@@ -34,9 +32,7 @@ from torchmem.resources import path as resource_path
 from torchmem.series import scope_label
 from torchmem.session import Session
 from torchmem.sources.attached import AttachedRun
-from torchmem.sources.base import Source
 from torchmem.sources.inprocess import InProcessSource
-from torchmem.sources.isolated import IsolatedSource
 
 from .alert_panel import AlertPanel
 from .attaching import Attaching
@@ -45,7 +41,7 @@ from .breakdown_plot import BreakdownPlot
 from .bridge import SessionBridge
 from .gui_gc import GuiThreadCollector
 from .lazy_panels import LazyPanels
-from .leak_settings import LeakSettingsDialog, load_leak_settings
+from .leak_settings import LeakSettingsDialog
 from .log_pane import LogPane
 from .opening import Opening
 from .readings import ReadingsTable
@@ -65,14 +61,9 @@ from .window_chrome import (
     build_status_bar,
     build_toolbar,
     shortcuts_table,
+    sync_actions,
 )
-
-if TYPE_CHECKING:  # made on first use: importing them at start costs the first frame
-    pass
-
-# Bumped whenever docks are added or moved: a dock layout saved by an older version would
-# put new docks in odd places, so it is not restored.
-LAYOUT_VERSION = 4
+from .window_settings import restore_window, save_window
 
 
 class MainWindow(QMainWindow):
@@ -133,7 +124,7 @@ class MainWindow(QMainWindow):
         self.alerts.changed.connect(self._update_alert_badge)
         self.bridge.changed.connect(self._on_changed)
         self.bridge.events.connect(self.report.on_events)
-        self._restore_settings()
+        restore_window(self)
         self.update_actions()
 
     # -- construction ---------------------------------------------------------------------
@@ -176,23 +167,13 @@ class MainWindow(QMainWindow):
 
     def _connect_runs(self) -> None:
         r = self.runs
-        r.errored.connect(self._on_worker_errored)
-        r.stuck_detected.connect(self._on_stuck)
+        r.errored.connect(self.report.on_worker_errored)
+        r.stuck_detected.connect(self.report.on_stuck)
         r.ended.connect(self._on_run_ended)
-        r.abandoned_ended.connect(self._on_abandoned_ended)
+        r.abandoned_ended.connect(self.report.on_abandoned_ended)
         r.rerun_due.connect(lambda: QTimer.singleShot(0, self.run))
 
     # -- what the run controller knows, as the window shows it ------------------------------
-    @property
-    def isolated(self) -> IsolatedSource:
-        """The source of runs in a separate process."""
-        return self.runs.isolated
-
-    @property
-    def target(self) -> Source:
-        """Where commands, stop and the rate go now."""
-        return self.runs.target
-
     @property
     def attached(self) -> AttachedRun | None:
         """The attached run, if any."""
@@ -203,48 +184,7 @@ class MainWindow(QMainWindow):
         """True from a stop request until the run has ended."""
         return self.runs.stopping
 
-    @property
-    def stuck(self) -> bool:
-        """True when the run did not stop long after Stop (blocked in a C call)."""
-        return self.runs.stuck
-
     # -- settings -------------------------------------------------------------------------
-    def _restore_settings(self) -> None:
-        s = self.settings
-        geometry = s.value("window/geometry")
-        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
-            self.restoreGeometry(geometry)
-        else:
-            self.resize(1360, 860)
-        state = s.value(f"window/state-v{LAYOUT_VERSION}")
-        if isinstance(state, QByteArray) and not state.isEmpty():
-            self.restoreState(state)
-        else:  # first start: most of the room for the traces
-            self.resizeDocks([self.readings_dock], [330], Qt.Horizontal)
-            self.resizeDocks([self.log_dock], [330], Qt.Vertical)
-            # The breakdown needs height to read; the readings table a few rows.
-            self.resizeDocks([self.breakdown_dock, self.readings_dock], [330, 260], Qt.Vertical)
-        self.view.restore(s)
-        self.rate_spin.setValue(int(s.value("sampler/hz", 10)))
-        self.source.configure_leaks(load_leak_settings(s))
-        self.run_mode.restore()
-        self.recordings.restore(s)
-        auto = s.value("census/auto", True)
-        self.tensors.auto_check.setChecked(auto not in (False, "false"))
-        theme = s.value("view/theme", "system")
-        for act in self.theme_group.actions():
-            act.setChecked(act.data() == theme)
-        self.opening.refresh_recent()
-
-    def save_settings(self) -> None:
-        """Remember geometry, docks and view choices for the next start."""
-        s = self.settings
-        s.setValue("window/geometry", self.saveGeometry())
-        s.setValue(f"window/state-v{LAYOUT_VERSION}", self.saveState())
-        self.view.save(s)
-        s.setValue("sampler/hz", self.rate_spin.value())
-        s.sync()
-
     def set_theme(self, theme: str) -> None:
         """Switch between the system, light and dark palettes; remembered."""
         app = QApplication.instance()
@@ -428,31 +368,6 @@ class MainWindow(QMainWindow):
             self.run()
 
     @Slot()
-    def _on_stuck(self) -> None:
-        name = Path(self.script or "the script").name
-        if self.target is self.source:
-            self.banner.show_message(
-                f"{name} does not stop: it is blocked in a C call (a long time.sleep, input(), "
-                "I/O or a C extension), where Python cannot interrupt it. It stops when that "
-                "call returns. Abandon the run to free the window now; Run > Run in a "
-                "separate process runs scripts that can always be stopped.",
-                "warning",
-                (
-                    "Abandon the run",
-                    self.abandon_run,
-                    "The script's thread ends when its call returns; the next run goes "
-                    "to a separate process",
-                ),
-            )
-        elif self.attached is not None:
-            self.banner.show_message(
-                f"{self.attached.label} has not stopped yet: it stops at its next step, "
-                "backward, mark or module call. Detach (Ctrl+Shift+D) to leave it running.",
-                "info",
-            )
-        self.update_actions()
-
-    @Slot()
     def abandon_run(self) -> None:
         """Let go of an in-process run that does not stop (see :attr:`stuck`)."""
         self.runs.abandon()
@@ -460,11 +375,6 @@ class MainWindow(QMainWindow):
         # open, it read back as "killed or crashed", 0 steps, at the window's close).
         self.recordings.recorder.end_run()
         self.bridge.flush()
-        self.update_actions()
-
-    @Slot()
-    def _on_abandoned_ended(self) -> None:
-        self.statusBar().showMessage("The abandoned script has ended at last", 10000)
         self.update_actions()
 
     # -- attaching ------------------------------------------------------------------------
@@ -482,14 +392,6 @@ class MainWindow(QMainWindow):
     def detach(self) -> None:
         """Stop following the attached process (it carries on)."""
         self.attaching.detach()
-
-    @Slot(str)
-    def _on_worker_errored(self, message: str) -> None:
-        self.run_label.setText("Stopped following: an error of torchmem's")
-        self.show_error(
-            f"torchmem stopped following this run after an error of its own ({message}). "
-            "The traces so far are kept; please report it with the Log's text."
-        )
 
     def clear_views(self) -> None:
         """Empty every view and the Session for a new run, attach or recording."""
@@ -547,19 +449,8 @@ class MainWindow(QMainWindow):
     @Slot()
     def _on_changed(self) -> None:
         self._update_rank_combo()
-        samples = self.session.samples
-        self.samples_label.setText(f"{samples:,} samples")
-        if self.running and self.session.run_finished is None:
-            steps = self.session.steps.steps
-            what = f"Attached to {self.attached.label}" if self.attached else "Running"
-            what += self.attaching.nodes_text()
-            if not self.stopping:
-                self.run_label.setText(f"● {what} · step {steps:,} · {self.session.now():.1f} s")
-            else:
-                self.run_label.setText(
-                    f"Stopping… {self.runs.stop_waited_s:.0f} s"
-                    + (" (blocked in a C call?)" if self.stuck else "")
-                )
+        self.samples_label.setText(f"{self.session.samples:,} samples")
+        self.report.show_progress()
 
     @property
     def allocator_conf(self) -> str:
@@ -607,39 +498,7 @@ class MainWindow(QMainWindow):
     # -- state ----------------------------------------------------------------------------
     def update_actions(self) -> None:
         """Enable and check the actions as the run, attach and recording stand now."""
-        running = self.running
-        self.act_run.setEnabled(not running and self.script is not None)
-        self.act_stop.setEnabled(running and not self.stopping)
-        self.act_abandon.setEnabled(self.runs.can_abandon)
-        self.act_rerun.setEnabled(self.script is not None and self.attached is None)
-        self.act_attach.setEnabled(not running)
-        self.act_detach.setEnabled(self.attached is not None)
-        self.act_inject.setEnabled(
-            self.attached is not None and self.attached.watch is not None and running
-        )
-        local = self.attached is None
-        self.act_leak_settings.setEnabled(local)
-        self.act_leak_settings.setToolTip(
-            "Thresholds and warm-up of leak and capacity alerts"
-            if local
-            else "An attached process raises alerts with its own (default) settings"
-        )
-        self.act_isolated.setEnabled(not running)
-        finished = self.session.run_finished
-        self.act_oom.setEnabled(
-            not running and finished is not None and finished.status is RunStatus.OOM
-        )
-        has_acc = self.target.has_accelerator
-        for act in (self.act_history, self.act_snapshot):
-            act.setEnabled(has_acc)
-        self.act_empty.setEnabled(has_acc)
-        self.act_empty.setToolTip(
-            "Return the accelerator allocator's unused cache to the device (Ctrl+E)"
-            if has_acc
-            else "No accelerator (CUDA, MPS, XPU) in this process: nothing to empty"
-        )
-        if not running and self.script is None and self.session.samples == 0:
-            self.run_label.setText("No script: Ctrl+O to open one, Ctrl+Shift+A to attach")
+        sync_actions(self)
 
     # -- alerts ---------------------------------------------------------------------------
     def _update_alert_badge(self) -> None:
@@ -680,18 +539,6 @@ class MainWindow(QMainWindow):
     @Slot(int)
     def _set_rate(self, hz: int) -> None:
         self.runs.set_rate(hz)
-
-    @Slot()
-    def _toggle_x_mode(self) -> None:
-        self.view.set_x_mode("steps" if self.act_steps.isChecked() else "time")
-
-    @Slot()
-    def _toggle_follow(self) -> None:
-        self.view.set_follow(self.act_follow.isChecked())
-
-    @Slot()
-    def _toggle_pause(self) -> None:
-        self.view.set_paused(self.act_pause.isChecked())
 
     @Slot(bool)
     def _on_paused(self, paused: bool) -> None:
@@ -735,7 +582,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Save settings, stop the script cooperatively and wait for the threads."""
-        self.save_settings()
+        save_window(self)
         if not self.shutdown():
             sys.stderr.write(
                 "torchmem: the script did not stop (blocked in a C call?); exiting anyway.\n"

@@ -115,3 +115,61 @@ class RunReport(QObject):
         elif event.status is RunStatus.STOPPED:
             message = event.message[:1].upper() + event.message[1:]
             w.banner.show_message(f"{message}.", "info")
+
+    def show_progress(self) -> None:
+        """While a run goes on: its step and time, or how long a stop has been waited for."""
+        w = self.window
+        if not w.running or w.session.run_finished is not None:
+            return
+        if w.stopping:
+            stuck = " (blocked in a C call?)" if w.runs.stuck else ""
+            w.run_label.setText(f"Stopping… {w.runs.stop_waited_s:.0f} s{stuck}")
+            return
+        what = f"Attached to {w.attached.label}" if w.attached else "Running"
+        what += w.attaching.nodes_text()
+        steps = w.session.steps.steps
+        w.run_label.setText(f"● {what} · step {steps:,} · {w.session.now():.1f} s")
+
+    @Slot()
+    def on_stuck(self) -> None:
+        """A stop that did not end the run: why, and (in-process) an Abandon button."""
+        w = self.window
+        name = Path(w.script or "the script").name
+        if w.runs.target is w.source:
+            w.banner.show_message(
+                f"{name} does not stop: it is blocked in a C call (a long time.sleep, input(), "
+                "I/O or a C extension), where Python cannot interrupt it. It stops when that "
+                "call returns. Abandon the run to free the window now; Run > Run in a "
+                "separate process runs scripts that can always be stopped.",
+                "warning",
+                (
+                    "Abandon the run",
+                    w.abandon_run,
+                    "The script's thread ends when its call returns; the next run goes "
+                    "to a separate process",
+                ),
+            )
+        elif w.attached is not None:
+            w.banner.show_message(
+                f"{w.attached.label} has not stopped yet: it stops at its next step, "
+                "backward, mark or module call. Detach (Ctrl+Shift+D) to leave it running.",
+                "info",
+            )
+        w.update_actions()
+
+    @Slot()
+    def on_abandoned_ended(self) -> None:
+        """An abandoned script's thread ended at last."""
+        w = self.window
+        w.statusBar().showMessage("The abandoned script has ended at last", 10000)
+        w.update_actions()
+
+    @Slot(str)
+    def on_worker_errored(self, message: str) -> None:
+        """torchmem itself failed while following the run: said, the traces kept."""
+        w = self.window
+        w.run_label.setText("Stopped following: an error of torchmem's")
+        w.show_error(
+            f"torchmem stopped following this run after an error of its own ({message}). "
+            "The traces so far are kept; please report it with the Log's text."
+        )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 
-from PySide6.QtCore import QObject, QSettings, Signal
+from PySide6.QtCore import QObject, QSettings, Signal, Slot
 
 X_MODES = ("time", "steps")
 UNIT_CHOICES = ("auto", "B", "KiB", "MiB", "GiB")
@@ -81,12 +81,19 @@ class ViewState(QObject):
             self.window = label
             self.window_changed.emit(label)
 
+    @Slot(bool)
+    def set_steps(self, steps: bool) -> None:
+        """The x axis in steps (True) or in time: what View > X axis in steps says."""
+        self.set_x_mode("steps" if steps else "time")
+
+    @Slot(bool)
     def set_follow(self, follow: bool) -> None:
         """Keep the newest data in view (off once the user pans or zooms)."""
         if follow != self.follow:
             self.follow = follow
             self.follow_changed.emit(follow)
 
+    @Slot(bool)
     def set_paused(self, paused: bool) -> None:
         """Freeze the picture; the run goes on being recorded."""
         if paused != self.paused:

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from torchmem.events import RunStatus
 from torchmem.probe.sampler import MAX_HZ, MIN_HZ
 
 from .actions import ACTIONS
@@ -278,3 +279,40 @@ def build_status_bar(window: MainWindow, hz: float) -> None:
     window.mode_label.setVisible(False)
     for widget in (window.mode_label, window.run_label, window.samples_label, window.rate_spin):
         sb.addPermanentWidget(widget)
+
+
+def sync_actions(window: MainWindow) -> None:
+    """Enable and check the window's actions as its run, attach and recording stand now."""
+    running = window.running
+    window.act_run.setEnabled(not running and window.script is not None)
+    window.act_stop.setEnabled(running and not window.stopping)
+    window.act_abandon.setEnabled(window.runs.can_abandon)
+    window.act_rerun.setEnabled(window.script is not None and window.attached is None)
+    window.act_attach.setEnabled(not running)
+    window.act_detach.setEnabled(window.attached is not None)
+    window.act_inject.setEnabled(
+        window.attached is not None and window.attached.watch is not None and running
+    )
+    local = window.attached is None
+    window.act_leak_settings.setEnabled(local)
+    window.act_leak_settings.setToolTip(
+        "Thresholds and warm-up of leak and capacity alerts"
+        if local
+        else "An attached process raises alerts with its own (default) settings"
+    )
+    window.act_isolated.setEnabled(not running)
+    finished = window.session.run_finished
+    window.act_oom.setEnabled(
+        not running and finished is not None and finished.status is RunStatus.OOM
+    )
+    has_acc = window.runs.target.has_accelerator
+    for act in (window.act_history, window.act_snapshot):
+        act.setEnabled(has_acc)
+    window.act_empty.setEnabled(has_acc)
+    window.act_empty.setToolTip(
+        "Return the accelerator allocator's unused cache to the device (Ctrl+E)"
+        if has_acc
+        else "No accelerator (CUDA, MPS, XPU) in this process: nothing to empty"
+    )
+    if not running and window.script is None and window.session.samples == 0:
+        window.run_label.setText("No script: Ctrl+O to open one, Ctrl+Shift+A to attach")

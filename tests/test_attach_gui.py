@@ -62,7 +62,7 @@ def test_attach_shows_steps_and_censuses_then_stop_asks_and_ends_the_run(
     result = finish(qtbot, window)
     assert result.status is RunStatus.STOPPED, log_text(window)
     assert "Stopped" in window.run_label.text()
-    assert window.attached is None and window.target is window.source
+    assert window.attached is None and window.runs.target is window.source
     served_proc.wait(timeout=30)
 
 
