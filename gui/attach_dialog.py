@@ -3,15 +3,9 @@ on this machine or on an SSH host (recent hosts and their torchmem command remem
 
 from __future__ import annotations
 
-from typing import Any
-
 from PySide6.QtCore import (
-    QAbstractTableModel,
-    QModelIndex,
     QObject,
-    QPersistentModelIndex,
     QSettings,
-    Qt,
     QTimer,
     Signal,
     Slot,
@@ -36,6 +30,7 @@ from torchmem.transport.client import AttachError
 from torchmem.transport.ssh import SshHost, remote_processes
 from torchmem.units import format_bytes
 
+from .row_table import RowTableModel
 from .settings_values import string_list
 from .workers import start_in_thread, wait_thread
 
@@ -51,56 +46,27 @@ TIPS = (
 )
 
 
-class ProcessModel(QAbstractTableModel):
+class ProcessModel(RowTableModel):
     """Rows of :class:`~torchmem.sources.processes.ProcessInfo`."""
 
-    def __init__(self, parent: QObject | None = None) -> None:
-        super().__init__(parent)
-        self.rows: list[ProcessInfo] = []
+    columns, tips = COLUMNS, TIPS
+    right_aligned = frozenset({0, 3, 4})
 
-    def set_rows(self, rows: list[ProcessInfo]) -> None:
-        """Replace every row (the list is small: a reset is simplest and cheap)."""
-        self.beginResetModel()
-        self.rows = list(rows)
-        self.endResetModel()
+    def display(self, row: ProcessInfo, col: int) -> str:
+        """The cell's text."""
+        agent = row.agent
+        return (
+            str(row.pid),
+            "yes" if agent else "no",
+            f"{agent.rank}/{agent.world_size}" if agent and agent.rank is not None else "",
+            format_bytes(row.rss),
+            format_bytes(row.gpu_bytes) if row.gpu_bytes is not None else "",
+            " ".join(row.cmdline),
+        )[col]
 
-    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(self.rows)
-
-    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(
-        self, section: int, orientation: Qt.Orientation, role: int = Qt.DisplayRole
-    ) -> Any:
-        if orientation == Qt.Horizontal and 0 <= section < len(COLUMNS):
-            if role == Qt.DisplayRole:
-                return COLUMNS[section]
-            if role == Qt.ToolTipRole:
-                return TIPS[section]
-        return None
-
-    def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.DisplayRole) -> Any:
-        if not index.isValid() or not 0 <= index.row() < len(self.rows):
-            return None
-        row, col = self.rows[index.row()], index.column()
-        if role == Qt.DisplayRole:
-            agent = row.agent
-            return (
-                str(row.pid),
-                "yes" if agent else "no",
-                f"{agent.rank}/{agent.world_size}" if agent and agent.rank is not None else "",
-                format_bytes(row.rss),
-                format_bytes(row.gpu_bytes) if row.gpu_bytes is not None else "",
-                " ".join(row.cmdline),
-            )[col]
-        if role == Qt.ToolTipRole:
-            if col == 5:
-                return " ".join(row.cmdline)
-            return TIPS[col]
-        if role == Qt.TextAlignmentRole and col in (0, 3, 4):
-            return int(Qt.AlignRight | Qt.AlignVCenter)
-        return None
+    def tooltip(self, row: ProcessInfo, col: int) -> str | None:
+        """The whole command line in its column (it is elided there)."""
+        return " ".join(row.cmdline) if col == 5 else super().tooltip(row, col)
 
 
 THIS_MACHINE = "This machine"

@@ -6,10 +6,6 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import (
-    QAbstractTableModel,
-    QModelIndex,
-    QObject,
-    QPersistentModelIndex,
     QSortFilterProxyModel,
     Qt,
     Signal,
@@ -35,6 +31,8 @@ from torchmem.record.library import SessionEntry, file_bytes, list_sessions, ses
 from torchmem.record.store import SUFFIX, RecordError, rename_session
 from torchmem.units import format_bytes, format_duration
 
+from .row_table import SORT_ROLE, RowTableModel
+
 COLUMNS = ("Recorded", "Run", "Ended", "Duration", "Peak", "Alerts", "Size")
 TIPS = (
     "When the run started (local time)",
@@ -46,54 +44,25 @@ TIPS = (
     "Alerts the run raised (leaks, capacity, cache growth)",
     "Space the session takes on disk",
 )
-#: Role of a cell's raw value, which sorting uses (dates, bytes and seconds sort as numbers).
-SORT_ROLE = Qt.UserRole + 1
 
 
-class SessionModel(QAbstractTableModel):
+class SessionModel(RowTableModel):
     """Rows of :class:`~torchmem.record.library.SessionEntry`."""
 
-    def __init__(self, parent: QObject | None = None) -> None:
-        super().__init__(parent)
-        self.rows: list[SessionEntry] = []
+    columns, tips = COLUMNS, TIPS
+    right_aligned = frozenset(range(3, len(COLUMNS)))
 
-    def set_rows(self, rows: list[SessionEntry]) -> None:
-        """Replace every row."""
-        self.beginResetModel()
-        self.rows = list(rows)
-        self.endResetModel()
+    def display(self, row: SessionEntry, col: int) -> str:
+        """The cell's text."""
+        return _display(row, col)
 
-    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(self.rows)
+    def sort_value(self, row: SessionEntry, col: int) -> Any:
+        """Dates, bytes and seconds sort as what they are."""
+        return _sort_value(row, col)
 
-    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(
-        self, section: int, orientation: Qt.Orientation, role: int = Qt.DisplayRole
-    ) -> Any:
-        if orientation != Qt.Horizontal or not 0 <= section < len(COLUMNS):
-            return None
-        if role == Qt.DisplayRole:
-            return COLUMNS[section]
-        if role == Qt.ToolTipRole:
-            return TIPS[section]
-        return None
-
-    def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.DisplayRole) -> Any:
-        if not index.isValid() or not 0 <= index.row() < len(self.rows):
-            return None
-        entry = self.rows[index.row()]
-        col = index.column()
-        if role == Qt.DisplayRole:
-            return _display(entry, col)
-        if role == SORT_ROLE:
-            return _sort_value(entry, col)
-        if role == Qt.ToolTipRole:
-            return entry.error or str(entry.path)
-        if role == Qt.TextAlignmentRole and col >= 3:
-            return int(Qt.AlignRight | Qt.AlignVCenter)
-        return None
+    def tooltip(self, row: SessionEntry, col: int) -> str:
+        """Why the file cannot be read, or where it is."""
+        return row.error or str(row.path)
 
 
 def _display(entry: SessionEntry, col: int) -> str:
