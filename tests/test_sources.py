@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from torchmem.agent import INLINE_REQUESTS
-from torchmem.events import CommandResult
+from torchmem.events import CommandResult, RunStatus
 from torchmem.probe.backends import ProcessBackend
 from torchmem.probe.commands import COMMANDS
 from torchmem.session import Session
@@ -96,3 +96,20 @@ def test_a_listener_that_raises_never_ends_the_script_nor_starves_the_others(cap
         "report it."
     ]
     assert sum("broken_view failed on an event" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_how_a_child_ended_is_read_from_its_exit_status():
+    from torchmem.sources.children import describe_exit
+
+    assert describe_exit(0) == (RunStatus.FINISHED, "the process exited with code 0")
+    assert describe_exit(130)[0] is RunStatus.STOPPED
+    status, message = describe_exit(1, stderr_tail="Traceback …\nValueError: bad lr\n")
+    assert status is RunStatus.FAILED and message == "ValueError: bad lr"
+    status, message = describe_exit(-9)
+    assert status is RunStatus.FAILED and message.startswith("the process was killed by SIGKILL")
+    assert "OOM killer" in message, "a SIGKILL names who may have sent it"
+    hint = "; probably the kernel's OOM killer: available RAM fell to 41 MiB"
+    assert describe_exit(-9, killed_hint=hint)[1].endswith(hint)
+    status, message = describe_exit(-15, stop_requested=True)
+    assert status is RunStatus.STOPPED and "SIGTERM" in message
+    assert describe_exit(-200)[1] == "the process was killed by signal 200"

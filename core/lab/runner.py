@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from typing import Literal
 
 from torchmem.lab.measure import Job, Row, measure
 from torchmem.probe.parent_watch import PARENT_ENV
+from torchmem.sources.children import end_tree
 
 Isolation = Literal["process", "none"]
 
@@ -123,10 +123,7 @@ def _died(worker: subprocess.Popen[str]) -> str:
 
 def _end(worker: subprocess.Popen[str]) -> None:
     """End the worker and the measurement it may be running (its process group)."""
-    with contextlib.suppress(OSError):
-        os.killpg(worker.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        worker.wait(5)
+    end_tree(worker, grace_s=0)
     for stream in (worker.stdin, worker.stdout, getattr(worker, "stderr_file", None)):
         with contextlib.suppress(OSError):
             if stream is not None:

@@ -9,12 +9,10 @@ the file's path, size and modification time, so a changed file is indexed again.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +26,7 @@ from torchmem.snapshots.index import ACTIONS, SnapshotIndex, build_index, index_
 from torchmem.snapshots.names import match_names, read_names
 from torchmem.snapshots.read import SnapshotError, read_snapshot
 from torchmem.snapshots.scan import scan_snapshot
+from torchmem.sources.children import end_tree, signal_name
 
 #: Reading the pickle is most of the work; indexing the rest.
 READ_SHARE = 0.8
@@ -159,8 +158,7 @@ def _in_worker(
                     message = rest
         finally:
             if worker.poll() is None:  # cancelled, or this thread is unwinding
-                with contextlib.suppress(OSError):
-                    os.killpg(worker.pid, signal.SIGKILL)
+                end_tree(worker, grace_s=0)
             worker.wait()
             worker.stdout.close()
         if worker.returncode != 0 or message:
@@ -168,7 +166,7 @@ def _in_worker(
                 errors.seek(0)
                 tail = errors.read().decode(errors="replace").strip().splitlines()
                 code = worker.returncode
-                killed = code < 0 and -code == signal.SIGKILL
+                killed = code < 0 and signal_name(code) == "SIGKILL"
                 message = (
                     f"reading {path} ran out of memory (the worker was killed)"
                     if killed

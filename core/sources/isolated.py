@@ -24,9 +24,10 @@ from torchmem.events import CommandResult, LogRecord, RunFinished, RunStarted, R
 from torchmem.probe.allocator import ALLOCATOR_ENV
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.probe.pipe_lines import PipeLines
-from torchmem.probe.runner import EXIT_STOPPED, ScriptError, validate_script
+from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.session import Session
 from torchmem.sources.base import Script
+from torchmem.sources.children import describe_exit, end_tree, signal_name
 from torchmem.sources.follow import follow
 from torchmem.sources.remote import RemoteSource
 from torchmem.sources.vanished import oom_killer_hint
@@ -40,28 +41,11 @@ AGENT_TIMEOUT_S = 60.0
 OUTPUT_DRAIN_S = 1.0
 
 
-def _signal_name(code: int) -> str:
-    with contextlib.suppress(ValueError):
-        return signal.Signals(-code).name
-    return f"signal {-code}"
-
-
 def end_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> int | None:
-    """End a child torchmem started: SIGTERM, then SIGKILL if it is still there after
-    ``grace_s``. Returns its exit status (None if even SIGKILL did not reap it in time)."""
-    if proc.poll() is not None:
-        return proc.returncode
-    with contextlib.suppress(OSError):
-        proc.terminate()
-    try:
-        return proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            proc.kill()
-    try:
-        return proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        return None
+    """End a child torchmem started and what it started: SIGTERM, then SIGKILL if it is
+    still there after ``grace_s``. Returns its exit status (None if even SIGKILL did not
+    reap it in time)."""
+    return end_tree(proc, grace_s)
 
 
 class IsolatedSource:
@@ -200,39 +184,16 @@ class IsolatedSource:
         stderr_tail = errors.tail()
         if s.run_finished is not None and self.remote is not None and self.remote.run_finished_seen:
             result = s.run_finished
-        elif code < 0:
-            name = _signal_name(code)
-            result = RunFinished(
-                s.now(),
-                RunStatus.STOPPED if self._stop_requested_at else RunStatus.FAILED,
-                code,
-                (
-                    # Asked to stop, it reached no step and no Python code (a C call):
-                    # terminated, as the Stop action's tooltip says.
-                    f"stopped by the user: ended by {name}, blocked where no step came"
-                    if self._stop_requested_at
-                    else f"the process was killed by {name}"
-                    + (
-                        oom_killer_hint(s) or " (by hand, a scheduler, or the OOM killer)"
-                        if name == "SIGKILL"
-                        else ""
-                    )
-                ),
-                stderr_tail,
-                time.monotonic() - started,
-            )
         else:
-            status = RunStatus.FINISHED if code == 0 else RunStatus.FAILED
-            if code == EXIT_STOPPED:
-                status = RunStatus.STOPPED
-            message = stderr_tail.strip().splitlines()[-1] if stderr_tail.strip() else ""
-            result = RunFinished(
-                s.now(),
-                status,
+            killed = code < 0 and signal_name(code) == "SIGKILL"
+            status, message = describe_exit(
                 code,
-                message or f"the process exited with code {code}",
-                stderr_tail,
-                time.monotonic() - started,
+                stop_requested=self._stop_requested_at is not None,
+                stderr_tail=stderr_tail,
+                killed_hint=oom_killer_hint(s) if killed else "",
+            )
+            result = RunFinished(
+                s.now(), status, code, message, stderr_tail, time.monotonic() - started
             )
         return self._finish(result)
 

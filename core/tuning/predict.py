@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchmem.sources.children import signal_tree
 from torchmem.tuning.model import Fit, fit_peaks
 from torchmem.tuning.search import TuneCancelled
-from torchmem.tuning.trial import TrialPlan, kill_tree, start_child
+from torchmem.tuning.trial import TrialPlan, start_child
 
 #: The fake steps must not hold up a search that would work without them.
 TIMEOUT_S = 120.0
@@ -167,11 +168,11 @@ def _wait(proc: subprocess.Popen[bytes], cancel: threading.Event) -> int | None:
             if cancel.is_set():
                 raise TuneCancelled()
             if time.monotonic() > deadline:
-                kill_tree(proc.pid, signal.SIGKILL)
+                signal_tree(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return None
     except BaseException:
         if proc.poll() is None:
-            kill_tree(proc.pid, signal.SIGKILL)
+            signal_tree(proc.pid, signal.SIGKILL)
             proc.wait()
         raise

@@ -31,6 +31,7 @@ from torchmem.probe.backends import RETRIES_ENV
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.record.library import new_session_path
 from torchmem.series import is_rank_scope, split_device
+from torchmem.sources.children import signal_name, signal_tree
 from torchmem.tuning.model import Fit, Rounding
 from torchmem.tuning.outcome import THRASH_STEPS
 from torchmem.tuning.search import (
@@ -322,32 +323,18 @@ def watch_child(
                     seen = max(seen, rss)
                 if plan.on_cpu and plan.budget_bytes and over is None and rss > plan.budget_bytes:
                     over = rss  # as the OOM killer would: at once, no cleanup
-                    kill_tree(pid, signal.SIGKILL)
+                    signal_tree(pid, signal.SIGKILL)
             time.sleep(WATCH_PERIOD_S)
     except BaseException:
         end_child(pid)
         raise
 
 
-def kill_tree(pid: int, sig: signal.Signals) -> None:
-    """Send ``sig`` to ``pid``'s process group and to every process under it: torchrun
-    starts each rank in a session of its own, which the group signal misses."""
-    try:
-        below = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        below = []
-    with contextlib.suppress(OSError):
-        os.killpg(pid, sig)
-    for child in below:
-        with contextlib.suppress(psutil.Error):
-            child.send_signal(sig)
-
-
 def end_child(pid: int) -> None:
     """End the trial child ``pid`` and everything it started: SIGTERM (a launcher ends
     its ranks), SIGKILL 5 s later."""
     for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        kill_tree(pid, sig)
+        signal_tree(pid, sig)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             try:
@@ -480,8 +467,7 @@ def _failure(plan: TrialPlan, code: int, summary: dict[str, Any], stderr: str) -
             "pass --batch-arg with the option it uses for the batch size"
         )
     if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"the trial was killed by {signal.Signals(-code).name}"
+        return f"the trial was killed by {signal_name(code)}"
     message = str(summary.get("message") or "").strip()
     lines = stderr.strip().splitlines()
     tail = lines[-1] if lines else ""
