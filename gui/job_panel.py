@@ -1,63 +1,17 @@
 """What the panels of long jobs share (tuning, the memory lab): a worker QObject in a
 QThread of its own, Cancel, a wait on close, and a status line that turns red on errors.
 
-Each panel's worker is a :class:`JobWorker` (its :meth:`~JobWorker.work` is the job) and
+Each panel's worker is a :class:`Worker` (its :meth:`~Worker.work` is the job) and
 the panel calls :meth:`JobPanel.start_job`; the thread's end comes back through the
 worker's ``finished``, where the panel calls :meth:`JobPanel.job_ended`.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, Slot
 from PySide6.QtWidgets import QFileDialog, QLabel, QWidget
 
-from .workers import start_in_thread, wait_thread
-
-
-class JobWorker(QObject):
-    """Runs :meth:`work` in its thread; always ends with ``finished``, and says through
-    ``errored`` why it gave nothing: cancelled, a known error's message, or its own bug."""
-
-    #: Why the job gave no result (said in the panel's status line, in red).
-    errored = Signal(str)
-    #: Always last: what :meth:`work` returned (None after an error or a cancel).
-    finished = Signal(object)
-    #: The exception that means "cancelled", what to say then, the errors whose message
-    #: is for the user as it is, and what to put before an unexpected one.
-    cancelled: type[BaseException] = Exception
-    cancelled_text = "cancelled"
-    known: tuple[type[BaseException], ...] = ()
-    failed_text = "the job failed"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cancel_event = threading.Event()
-
-    def work(self) -> Any:
-        """The job itself, in the worker's thread."""
-        raise NotImplementedError
-
-    @Slot()
-    def run(self) -> None:
-        """Run :meth:`work`; always ends with ``finished``."""
-        result = None
-        try:
-            result = self.work()
-        except self.cancelled:
-            self.errored.emit(self.cancelled_text)
-        except self.known as exc:
-            self.errored.emit(str(exc))
-        except Exception as exc:  # torchmem's own failure: said, never a dead thread
-            self.errored.emit(f"{self.failed_text}: {type(exc).__name__}: {exc}")
-        finally:
-            self.finished.emit(result)
-
-    def cancel(self) -> None:
-        """Stop now, ending whatever runs in another process first (any thread)."""
-        self.cancel_event.set()
+from .workers import Worker, start_in_thread, wait_thread
 
 
 class JobPanel(QWidget):
@@ -73,7 +27,7 @@ class JobPanel(QWidget):
         self.status = QLabel()
         self.status.setWordWrap(True)
         self._thread: QThread | None = None
-        self._worker: JobWorker | None = None
+        self._worker: Worker | None = None
 
     @property
     def running(self) -> bool:

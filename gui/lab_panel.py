@@ -43,7 +43,8 @@ from torchmem.lab.runner import LabCancelled, LabError, run_lab
 from torchmem.probe import nvml
 from torchmem.units import format_bytes
 
-from .job_panel import JobPanel, JobWorker
+from .job_panel import JobPanel
+from .workers import Worker
 
 #: Checked when the panel opens: the tutorial's first lesson (out of place, in place, a
 #: view, a copy) and the product.
@@ -74,12 +75,12 @@ NONE = "—"
 MiB = 1 << 20
 
 
-class LabWorker(JobWorker):
+class LabWorker(Worker):
     """Measures the jobs in its own thread; each row is reported as it comes."""
 
     #: A row was measured.
     row_done = Signal(object)
-    cancelled = LabCancelled
+    cancelled = (LabCancelled,)
     cancelled_text = "cancelled: the measurement in flight was ended"
     known = (LabError,)
     failed_text = "the lab failed"

@@ -10,7 +10,6 @@ each with its full stack; the allocator's segments at the end. Built on
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +40,7 @@ from torchmem.snapshots.read import SnapshotError
 from torchmem.units import format_bytes
 
 from .segment_map import SegmentMap
-from .workers import start_in_thread, wait_thread
+from .workers import Worker, start_in_thread, wait_thread
 
 #: Stacked from the bottom: what stays (parameters) under what comes and goes.
 CATEGORY_COLORS = {
@@ -58,33 +57,33 @@ DIFF_COLUMNS = ("Allocated by", "Here", "Compared", "Change", "Kind")
 MiB = 1 << 20
 
 
-class SnapshotLoader(QObject):
-    """Opens one snapshot in its own thread (the reading itself is in a worker process)."""
+class SnapshotLoader(Worker):
+    """Opens one snapshot in its own thread (the reading itself is in a worker process).
+
+    ``finished`` carries the index, or None (then ``failed`` said why, or it was
+    cancelled, which needs no words: the user pressed Cancel)."""
 
     progress = Signal(float)
-    #: Always last: the index, or None (then ``failed`` said why, or it was cancelled).
-    finished = Signal(object)
     failed = Signal(str)
+    cancelled = (SnapshotCancelled,)
+    known = (SnapshotError,)
 
     def __init__(self, path: str) -> None:
         super().__init__()
         self.path = path
-        self.cancel_event = threading.Event()
+        self.failed_text = f"cannot open {path}"
 
-    @Slot()
-    def run(self) -> None:
-        """Open the snapshot; always ends with ``finished``."""
-        index = None
-        try:
-            index = open_snapshot(self.path, self.progress.emit, self.cancel_event)
-        except SnapshotCancelled:
-            pass
-        except SnapshotError as exc:
-            self.failed.emit(str(exc))
-        except Exception as exc:  # torchmem's own failure: said, never a dead thread
-            self.failed.emit(f"cannot open {self.path}: {type(exc).__name__}: {exc}")
-        finally:
-            self.finished.emit(index)
+    def work(self) -> SnapshotIndex:
+        """Open the snapshot: read, indexed, its names matched."""
+        return open_snapshot(self.path, self.progress.emit, self.cancel_event)
+
+    def report_known(self, exc: BaseException) -> None:
+        """Why the file could not be read, as the reader says it."""
+        self.failed.emit(str(exc))
+
+    def report_bug(self, text: str) -> None:
+        """torchmem's own failure, in the same place as a reading's."""
+        self.failed.emit(text)
 
 
 class SnapshotWindow(QMainWindow):

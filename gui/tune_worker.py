@@ -13,17 +13,17 @@ from torchmem.tuning.predict import predict
 from torchmem.tuning.search import TuneCancelled, TuneError, TuneResult
 from torchmem.tuning.trial import TrialPlan, plan_search
 
-from .job_panel import JobWorker
+from .workers import Worker
 
 
-class TuneWorker(JobWorker):
+class TuneWorker(Worker):
     """Runs one search in its own thread; every trial is reported as it ends."""
 
     #: A trial ended: (Trial, the fit after it or None).
     trial_done = Signal(object, object)
     #: The fake steps ended (a Prediction, with its model or why there is none).
     predicted = Signal(object)
-    cancelled = TuneCancelled
+    cancelled = (TuneCancelled,)
     cancelled_text = "cancelled: no trial is left running"
     known = (TuneError,)
     failed_text = "tuning failed"

@@ -1,4 +1,5 @@
-"""Worker objects that run off the GUI thread: the script, and user commands.
+"""Worker objects that run off the GUI thread: one base for one-shot work (the script,
+an attach, a search, a measurement, a snapshot's reading), and the user's commands.
 
 Each is a QObject moved to a QThread (the superqt/napari pattern): the thread's
 ``started`` signal calls the worker's slot, the worker's ``finished`` quits the thread,
@@ -7,26 +8,85 @@ and the window waits for the thread before it closes.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, SignalInstance, Slot
 
+from torchmem.events import RunFinished
 from torchmem.sources.attached import AttachedRun
 from torchmem.sources.base import Script, ScriptSource, Source
 from torchmem.transport.client import AttachError
 
 
-class ScriptWorker(QObject):
-    """Runs one script through a source (in this process or a child), in its own QThread.
+class Worker(QObject):
+    """The one base of the window's one-shot workers: :meth:`work` runs in the worker's
+    QThread; it always ends with ``finished`` (what ``work`` returned, or None), and says
+    why it gave nothing (as superqt's WorkerBase does): a cancel, an expected error
+    (:attr:`known`, whose message is for the user as it is) or a bug of torchmem's.
 
-    Like every worker here it always ends with ``finished``, and reports what went wrong
-    in torchmem itself (never the script's errors, which are the run's result) through
-    ``errored`` (superqt's WorkerBase has the same shape).
+    Subclasses set what they expect and may send the errors to signals of their own
+    (:meth:`report_known`, :meth:`report_bug`); the worker's thread is never left dead.
     """
 
-    finished = Signal(object)  # RunFinished, or None after an error of torchmem's
+    #: Why the work gave nothing (a status line or a banner says it).
     errored = Signal(str)
+    #: Always last: what :meth:`work` returned (None after an error or a cancel).
+    finished = Signal(object)
+    #: The exceptions that mean "cancelled", and what to say then ("": nothing).
+    cancelled: tuple[type[BaseException], ...] = ()
+    cancelled_text = ""
+    #: Errors whose message is for the user as it is.
+    known: tuple[type[BaseException], ...] = ()
+    #: What goes before an unexpected error's type and message ("": nothing).
+    failed_text = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancel_event = threading.Event()
+
+    def work(self) -> Any:
+        """The job itself, in the worker's thread."""
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        """Stop now, ending whatever runs in another process first (any thread)."""
+        self.cancel_event.set()
+
+    def report_known(self, exc: BaseException) -> None:
+        """An expected error: its message, as it is."""
+        self.errored.emit(str(exc))
+
+    def report_bug(self, text: str) -> None:
+        """An error of torchmem's own (said, so that nothing waits on "running")."""
+        self.errored.emit(text)
+
+    @Slot()
+    def run(self) -> None:
+        """Run :meth:`work`; always ends with ``finished``."""
+        result = None
+        try:
+            result = self.work()
+        except self.cancelled:
+            if self.cancelled_text:
+                self.errored.emit(self.cancelled_text)
+        except self.known as exc:
+            self.report_known(exc)
+        except Exception as exc:  # torchmem's own failure: said, never a dead thread
+            what = f"{type(exc).__name__}: {exc}"
+            self.report_bug(f"{self.failed_text}: {what}" if self.failed_text else what)
+        finally:
+            self.finished.emit(result)
+
+
+class ScriptWorker(Worker):
+    """Runs one script through a source (in this process or a child), in its own QThread.
+
+    ``finished`` carries the RunFinished; ``errored`` says what went wrong in torchmem
+    itself (never the script's errors, which are the run's result).
+    """
 
     def __init__(
         self,
@@ -43,45 +103,37 @@ class ScriptWorker(QObject):
         self.cwd = cwd
         self.env = tuple((env or {}).items())
 
-    @Slot()
-    def run(self) -> None:
+    def work(self) -> RunFinished:
         """Run the script to its end (the runner never raises for the script's errors)."""
-        result = None
-        try:
-            script = Script(self.script, tuple(self.args), self.cwd, env=self.env)
-            result = self.source.run_script(script)
-        except Exception as exc:  # a bug of torchmem's: say it, never hang on "running"
-            self.errored.emit(f"{type(exc).__name__}: {exc}")
-        finally:
-            self.finished.emit(result)
+        script = Script(self.script, tuple(self.args), self.cwd, env=self.env)
+        return self.source.run_script(script)
 
 
-class AttachWorker(QObject):
+class AttachWorker(Worker):
     """Attaches to a running process and follows it until it ends or the user detaches."""
 
     attached = Signal(str)  # what is attached, for the status line
     failed = Signal(str)  # why attaching failed (says what to do)
-    errored = Signal(str)  # an error while following (a process that vanished oddly)
-    finished = Signal(object)  # always last
+    known = (AttachError,)
 
     def __init__(self, run: AttachedRun) -> None:
         super().__init__()
         self.run_ = run
 
-    @Slot()
-    def run(self) -> None:
+    def work(self) -> None:
         """Connect, then block (in this thread) until the attached processes end."""
-        try:
-            self.run_.connect()
-            self.attached.emit(self.run_.label)
-            self.run_.follow()
-        except AttachError as exc:
-            self.failed.emit(str(exc))
-        except Exception as exc:
-            self.errored.emit(f"{type(exc).__name__}: {exc}")
-            self.run_.close()
-        finally:
-            self.finished.emit(None)
+        self.run_.connect()
+        self.attached.emit(self.run_.label)
+        self.run_.follow()
+
+    def report_known(self, exc: BaseException) -> None:
+        """Attaching failed: said as a failure to attach, with what to do."""
+        self.failed.emit(str(exc))
+
+    def report_bug(self, text: str) -> None:
+        """An error while following (a process that vanished oddly): stop following."""
+        self.errored.emit(text)
+        self.run_.close()
 
 
 class CommandWorker(QObject):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from PySide6.QtCore import QObject, Slot
 
 from torchmem.events import RunStatus
 from torchmem.gui.run_controller import RunController
@@ -68,3 +69,51 @@ def test_a_timer_that_wakes_early_still_detects_a_stuck_run(qtbot, runs, script_
     assert runs.stop_waited_s >= 0.4
     runs.abandon()
     qtbot.waitUntil(lambda: not runs.abandoned_alive, timeout=60_000)
+
+
+class _Failing(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        (_Failing("the budget is below the first trial's peak"), "the budget is below"),
+        (KeyError("missing"), "the job failed: KeyError: 'missing'"),
+        (InterruptedError(), ""),  # a cancel, which needs no words
+    ],
+)
+def test_every_worker_ends_with_finished_and_says_why_it_gave_nothing(qtbot, raised, said):
+    from torchmem.gui.workers import Worker, start_in_thread, wait_thread
+
+    class Job(Worker):
+        cancelled = (InterruptedError,)
+        known = (_Failing,)
+        failed_text = "the job failed"
+
+        def work(self):
+            raise raised
+
+    class Panel(QObject):  # what a panel does: slots of the GUI thread, queued to it
+        def __init__(self):
+            super().__init__()
+            self.errors, self.results = [], []
+
+        @Slot(str)
+        def on_error(self, text):
+            self.errors.append(text)
+
+        @Slot(object)
+        def on_finished(self, result):
+            self.results.append(result)
+
+    job, panel = Job(), Panel()
+    job.errored.connect(panel.on_error)
+    job.finished.connect(panel.on_finished)
+    thread = start_in_thread(job, "torchmem-test-job", job.run, job.finished)
+    qtbot.waitUntil(lambda: bool(panel.results), timeout=10_000)
+    assert panel.results == [None], "a failed job's thread must still end, with no result"
+    assert wait_thread(thread, 5_000)
+    errors = panel.errors
+    assert len(errors) == (1 if said else 0), errors
+    assert not said or errors[0].startswith(said), errors
