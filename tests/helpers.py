@@ -88,3 +88,13 @@ def holder_text(qtbot: Any, window: Any, tensor: Any) -> str:
     text = dialog.text.toPlainText().partition("alive (nearest first)")[2]
     dialog.close()
     return text
+
+
+def run_tune(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``torchmem tune ARGS`` as a user types it, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "torchmem", "tune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

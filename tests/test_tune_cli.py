@@ -4,7 +4,6 @@ known by construction, and every way a user can get it wrong."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers import check_summary
+from helpers import run_tune as tune
 
 from torchmem.tuning.search import TuneCancelled
 from torchmem.tuning.trial import TrialPlan, run_trial, substitute, without_option
@@ -23,15 +23,6 @@ pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).parent / "scripts"
 LINEAR = str(SCRIPTS / "linear_memory.py")
 MiB = 1 << 20
-
-
-def tune(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "torchmem", "tune", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def peak_rss_of_one_step(batch: int, tmp_path: Path) -> int:
@@ -261,53 +252,6 @@ def test_the_lstm_language_model_is_predicted_despite_its_manual_update():
     # Per sample: 35 steps of logits over 2,000 words and their gradients dominate.
     logits = 35 * 2000 * 4
     assert 2 * logits < prediction.fit.slope < 6 * logits, prediction.fit
-
-
-def plain_peak_rss(args: list[str]) -> int:
-    """The peak RSS of ``python LINEAR args`` run as a user would, without torchmem: the
-    kernel's figure for that child (what ``/usr/bin/time -f %M`` prints), in bytes."""
-    proc = subprocess.Popen([sys.executable, LINEAR, *args], stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0
-    return usage.ru_maxrss * 1024
-
-
-def test_a_noisy_script_is_tuned_to_a_size_every_plain_run_fits_and_tunings_agree(tmp_path):
-    # --noise: identical runs peak up to 48 MiB apart, as glibc's heap makes them.
-    base = plain_peak_rss(["--steps", "2", "--batch-size", "1"])
-    budget = base + 1000 * MiB
-    recommended: list[int] = []
-    trials: list[list[tuple]] = []
-    for i in range(3):
-        out = tmp_path / f"tune{i}.json"
-        r = tune("--budget", str(budget), "--summary", str(out), LINEAR, "--noise",
-                 "--steps", "6")  # fmt: skip
-        assert r.returncode == 0, r.stderr
-        data = check_summary(json.loads(out.read_text()))
-        assert data["effect"] == "grows" and data["noise"]["runs"] >= 2
-        assert "noise: identical runs differ by up to" in r.stderr
-        recommended.append(data["recommended"])
-        trials.append([(t["batch_size"], t["role"], t["peak_bytes"]) for t in data["trials"]])
-    # Five plain runs of the user's own command at the first answer stay under the budget.
-    peaks = [
-        plain_peak_rss(["--noise", "--steps", "6", "--batch-size", str(recommended[0])])
-        for _ in range(5)
-    ]
-    assert max(peaks) <= budget, ([p / MiB for p in peaks], budget / MiB)
-    # Three tunings of the same script, settings and machine agree within 10%.
-    assert max(recommended) <= 1.1 * min(recommended), (recommended, trials)
-
-
-def test_a_script_that_never_reads_its_batch_option_is_told_so(tmp_path):
-    out = tmp_path / "tune.json"
-    r = tune("--budget", "2GiB", "--summary", str(out), LINEAR, "--ignore-batch")
-    assert r.returncode == 0, r.stderr
-    data = check_summary(json.loads(out.read_text()))
-    assert data["effect"] == "none" and data["recommended"] is None
-    assert "does not seem to read --batch-size" in r.stderr
-    assert "run it:" not in r.stderr  # no command line with a size nobody can justify
-    assert len(data["trials"]) <= 7, [t["batch_size"] for t in data["trials"]]
 
 
 def test_a_device_this_machine_lacks_is_one_line_before_any_trial(tmp_path):
