@@ -255,23 +255,3 @@ def make_window(qtbot, settings_path):
     yield make
     for window in windows:
         window.close()
-
-
-#: Modules that take minutes (the slowest of `--durations`), started first: the test
-#: workers take whole modules in collection order, and these, last alphabetically, ran
-#: after every short module was done, one worker waiting on the other for minutes.
-LONG_MODULES = (
-    "test_tools_smoke.py",
-    "test_tune_cli.py",
-    "test_leak_corpus.py",
-    "test_tune_trust.py",
-    "test_tune_gui.py",
-    "test_tune_job.py",
-    "test_torchrun.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long modules first (see :data:`LONG_MODULES`), the rest as collected."""
-    rank = {name: i for i, name in enumerate(LONG_MODULES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
