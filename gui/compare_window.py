@@ -26,6 +26,8 @@ from torchmem.report.recorded import recorded_summary
 from torchmem.series import series_label
 from torchmem.units import UNITS, auto_unit, format_bytes, format_duration
 
+from .theme import follow_palette
+
 #: One color per run, in order (colour-blind safe: Okabe-Ito).
 RUN_COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
 
@@ -63,13 +65,7 @@ class CompareWindow(QDialog):
 
         self.plot = pg.PlotWidget()
         self.plot.showGrid(x=True, y=True, alpha=0.25)
-        # The application's light or dark palette, not pyqtgraph's black.
-        text = self.palette().color(QPalette.Text)
-        self.plot.setBackground(self.palette().color(QPalette.Base))
-        for name in ("left", "bottom"):
-            axis = self.plot.getPlotItem().getAxis(name)
-            axis.setPen(pg.mkPen(text))
-            axis.setTextPen(pg.mkPen(text))
+        follow_palette(self.plot)  # the application's light or dark palette
         self.plot.addLegend(offset=(10, 10))
         self.table = QTableWidget()
         self.table.setEditTriggers(QTableWidget.NoEditTriggers)

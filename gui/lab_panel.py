@@ -44,6 +44,7 @@ from torchmem.probe import nvml
 from torchmem.units import format_bytes
 
 from .job_panel import JobPanel
+from .theme import follow_palette
 from .workers import Worker
 
 #: Checked when the panel opens: the tutorial's first lesson (out of place, in place, a
@@ -201,6 +202,7 @@ class LabPanel(JobPanel):
             plot.setLabel("left", label)
             plot.getAxis("left").enableAutoSIPrefix(False)  # "(x0.001)" on a log axis
             plot.addLegend(offset=(5, 5), labelTextSize="8pt")
+        follow_palette(self.plots)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         for col, tip in enumerate(TOOLTIPS):

@@ -12,6 +12,9 @@ import shlex
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Slot
+from PySide6.QtWidgets import QApplication
+
+from .theme import follow_palette
 
 if TYPE_CHECKING:
     from .lab_panel import LabPanel
@@ -80,6 +83,16 @@ class LazyPanels(QObject):
             self.window.statusBar().showMessage(
                 f"Arguments set to {shlex.join(args)}: F5 runs the script with them", 15000
             )
+
+    def apply_palette(self) -> None:
+        """Follow a new theme (the panels made so far)."""
+        palette = QApplication.instance().palette()
+        if self._tune is not None:
+            self._tune.plot.setPalette(palette)
+            self._tune.plot.apply_palette()
+        if self._lab is not None:
+            self._lab.plots.setPalette(palette)
+            follow_palette(self._lab.plots)
 
     def shutdown(self, timeout_ms: int) -> bool:
         """End a search or a measurement still running; True when both ended in time."""

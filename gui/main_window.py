@@ -196,6 +196,7 @@ class MainWindow(QMainWindow):
         self.log.update_formats()
         self.breakdown.setPalette(app.palette())
         self.breakdown.apply_palette()
+        self.panels.apply_palette()
 
     # -- running scripts ------------------------------------------------------------------
     @property

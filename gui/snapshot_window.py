@@ -40,6 +40,7 @@ from torchmem.snapshots.read import SnapshotError
 from torchmem.units import format_bytes
 
 from .segment_map import SegmentMap
+from .theme import follow_palette
 from .workers import Worker, start_in_thread, wait_thread
 
 #: Stacked from the bottom: what stays (parameters) under what comes and goes.
@@ -131,6 +132,7 @@ class SnapshotWindow(QMainWindow):
         self.plot.setLabel("bottom", "time since the first event", units="s")
         self.plot.showGrid(x=True, y=True, alpha=0.25)
         self.plot.addLegend(offset=(10, 5))
+        follow_palette(self.plot)
         self.plot.setToolTip(
             "Allocated bytes after each event, stacked by what the allocating stack looks "
             "like. Click to choose a moment; drag the shaded range's edges to narrow it."

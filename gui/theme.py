@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyqtgraph as pg
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
@@ -39,3 +40,16 @@ def apply_theme(app: QApplication, theme: str) -> None:
         app.setPalette(app.style().standardPalette())
     else:
         app.setPalette(QPalette())
+
+
+def follow_palette(view: pg.GraphicsView) -> None:
+    """Draw a plot widget in its palette: the background of a text field, axes and tick
+    labels in the text colour (pyqtgraph's own black, with grey axes, sat in a light
+    window as a dark hole)."""
+    palette = view.palette()
+    text = palette.color(QPalette.Text)
+    view.setBackground(palette.color(QPalette.Base))
+    for item in view.scene().items():
+        if isinstance(item, pg.AxisItem):
+            item.setPen(pg.mkPen(text))
+            item.setTextPen(pg.mkPen(text))

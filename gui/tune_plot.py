@@ -21,6 +21,8 @@ from torchmem.tuning.model import Fit
 from torchmem.tuning.search import Trial, TuneResult
 from torchmem.units import UNITS, auto_unit
 
+from .theme import follow_palette
+
 OK_COLOR, FAIL_COLOR, FIT_COLOR = "#1f77b4", "#d62728", "#7f7f7f"
 BUDGET_COLOR, LIMIT_COLOR, RATE_COLOR, PICK_COLOR = "#d62728", "#ff7f0e", "#2ca02c", "#2ca02c"
 
@@ -96,6 +98,15 @@ class TunePlot(pg.PlotWidget):
         self.rate_view.addItem(self.knee_point)
         item.vb.sigResized.connect(self._sync_rate_view)
         self.setToolTip(TOOLTIP)
+        self.apply_palette()
+
+    def apply_palette(self) -> None:
+        """Follow the application's palette; the throughput axis keeps its green, the
+        colour of the triangles it reads."""
+        follow_palette(self)
+        right = self.getPlotItem().getAxis("right")
+        right.setTextPen(pg.mkPen(RATE_COLOR))
+        right.setLabel("samples/s", color=RATE_COLOR)
 
     def draw(
         self,

@@ -379,14 +379,17 @@ def test_dark_theme_darkens_the_plots_and_keeps_every_text_readable(window):
         html = [label.item.toHtml() for _, label in window.plot.legend.items]
         return legend, html, window.plot.steps_label.color.lightness()
 
+    tune = window.panels.tune.plot  # a panel made before the switch follows it too
     try:
         window.set_theme("dark")
         assert window.plot.backgroundBrush().color().lightness() < 60
+        assert tune.backgroundBrush().color().lightness() < 60
         legend, html, steps = text_lightness()
         assert legend and all(v > 180 for v in legend) and steps > 180
         assert all("#e1e1e4" in h.lower() for h in html), "labels re-rendered in the new colour"
         window.set_theme("light")
         assert window.plot.backgroundBrush().color().lightness() > 200
+        assert tune.backgroundBrush().color().lightness() > 200, "not pyqtgraph's black"
         legend, html, steps = text_lightness()
         assert all(v < 80 for v in legend) and steps < 80
     finally:
