@@ -387,4 +387,4 @@ def _scope_order(key: str) -> tuple[bool, list[Any]]:
     """Sort key of a summary's peak (``rank2/cpu_rss``): rank 2 before rank 10, a job's
     total last."""
     parts = re.split(r"(\d+)", key)
-    return split_scope(key)[0] == TOTAL_SCOPE, [int(p) if p.isdigit() else p for p in parts]
+    return split_device(key)[0] == TOTAL_SCOPE, [int(p) if p.isdigit() else p for p in parts]

@@ -31,6 +31,7 @@ from torchmem.units import UNITS, auto_unit, format_bytes
 
 from .bridge import SessionBridge
 from .plot_markers import MarkerLines
+from .theme import follow_palette
 from .view_state import WINDOWS, ViewState
 
 COLORS = {
@@ -186,15 +187,9 @@ class TracePlot(pg.GraphicsLayoutWidget):
     # -- appearance -----------------------------------------------------------------------
     def apply_palette(self) -> None:
         """Match the plot background and axes to the application palette (light or dark)."""
-        pal = self.palette()
-        base = pal.color(QPalette.Base)
-        text = pal.color(QPalette.Text)
-        self.setBackground(base)
+        follow_palette(self)  # the background, every axis and its ticks
+        text = self.palette().color(QPalette.Text)
         for plot in (*self.plots.values(), self.steps_plot):
-            for name in ("left", "bottom"):
-                axis = plot.getAxis(name)
-                axis.setPen(pg.mkPen(text))
-                axis.setTextPen(pg.mkPen(text))
             plot.titleLabel.setText(plot.titleLabel.text, color=text.name())
         self.readout.setText(self.readout.text, color=text.name())
         # setLabelTextColor only records the colour: each label is re-rendered by setText.

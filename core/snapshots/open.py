@@ -13,6 +13,7 @@ import gc
 import hashlib
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from torchmem.snapshots.index import ACTIONS, SnapshotIndex, build_index, index_
 from torchmem.snapshots.names import match_names, read_names
 from torchmem.snapshots.read import SnapshotError, read_snapshot
 from torchmem.snapshots.scan import scan_snapshot
-from torchmem.sources.children import end_tree, signal_name
+from torchmem.sources.children import end_tree
 
 #: Reading the pickle is most of the work; indexing the rest.
 READ_SHARE = 0.8
@@ -166,7 +167,7 @@ def _in_worker(
                 errors.seek(0)
                 tail = errors.read().decode(errors="replace").strip().splitlines()
                 code = worker.returncode
-                killed = code < 0 and signal_name(code) == "SIGKILL"
+                killed = code == -signal.SIGKILL
                 message = (
                     f"reading {path} ran out of memory (the worker was killed)"
                     if killed

@@ -27,7 +27,7 @@ from torchmem.probe.pipe_lines import PipeLines
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.session import Session
 from torchmem.sources.base import Script
-from torchmem.sources.children import describe_exit, end_tree, signal_name
+from torchmem.sources.children import describe_exit, end_tree
 from torchmem.sources.follow import follow
 from torchmem.sources.remote import RemoteSource
 from torchmem.sources.vanished import oom_killer_hint
@@ -39,13 +39,6 @@ AGENT_TIMEOUT_S = 60.0
 #: How long the end of a run waits for the child's pipes to be read to their end (a
 #: worker the script left running can hold them open).
 OUTPUT_DRAIN_S = 1.0
-
-
-def end_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> int | None:
-    """End a child torchmem started and what it started: SIGTERM, then SIGKILL if it is
-    still there after ``grace_s``. Returns its exit status (None if even SIGKILL did not
-    reap it in time)."""
-    return end_tree(proc, grace_s)
 
 
 class IsolatedSource:
@@ -105,7 +98,7 @@ class IsolatedSource:
     def close(self) -> None:
         """Stop a child still running (terminate, then kill) and disconnect."""
         if self.process is not None:
-            end_process(self.process)
+            end_tree(self.process)
         if self.remote is not None:
             self.remote.close()
 
@@ -185,12 +178,11 @@ class IsolatedSource:
         if s.run_finished is not None and self.remote is not None and self.remote.run_finished_seen:
             result = s.run_finished
         else:
-            killed = code < 0 and signal_name(code) == "SIGKILL"
             status, message = describe_exit(
                 code,
                 stop_requested=self._stop_requested_at is not None,
                 stderr_tail=stderr_tail,
-                killed_hint=oom_killer_hint(s) if killed else "",
+                killed_hint=oom_killer_hint(s) if code == -signal.SIGKILL else "",
             )
             result = RunFinished(
                 s.now(), status, code, message, stderr_tail, time.monotonic() - started
@@ -246,7 +238,7 @@ class IsolatedSource:
             if proc.poll() is not None:
                 return False
             if self._stop_requested_at is not None and time.monotonic() > self._stop_requested_at:
-                end_process(proc)  # it ignored the stop
+                end_tree(proc)  # it ignored the stop
             return True
 
         follow(look, threading.Event())
