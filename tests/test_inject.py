@@ -15,9 +15,12 @@ from torchmem.session import Session
 from torchmem.sources.remote import RemoteSource
 from torchmem.transport.inject import InjectError, gdb_unsafe_here, inject_agent
 
-pytestmark = pytest.mark.skipif(
-    bool(GDB_UNSAFE := gdb_unsafe_here()), reason=f"no injection here: {GDB_UNSAFE}"
-)
+pytestmark = [
+    pytest.mark.slow,  # each test starts a script and gdb
+    pytest.mark.skipif(
+        bool(GDB_UNSAFE := gdb_unsafe_here()), reason=f"no injection here: {GDB_UNSAFE}"
+    ),
+]
 
 
 @pytest.fixture

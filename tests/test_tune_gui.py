@@ -181,7 +181,11 @@ def test_a_torchrun_job_is_tuned_per_rank_from_the_panel(qtbot, panel):
     result = panel.result
     assert result is not None, panel.status.text()
     # 128 MiB a sample a rank: a rise the noise of two loaded processes cannot hide.
-    assert result.recommended == 2 and all(t.ranks == 2 and t.ok for t in result.trials)
+    assert result.recommended == 2 and all(t.ranks == 2 and t.ok for t in result.trials), (
+        [(t.batch_size, t.role, t.peak_bytes, t.ok, t.ranks, t.message) for t in result.trials],
+        result.limit_bytes,
+        result.notes,
+    )
     # The batch is per rank: "Use this batch size" fills the user's script, not torchrun.
     with qtbot.waitSignal(panel.use_batch_size) as used:
         panel.use_button.click()

@@ -19,19 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from torchmem.probe.parent_watch import pdeathsig_preexec
 from torchmem.report.summary import build_summary, rank_row, write_summary
 from torchmem.resources import path as resource_path
-from torchmem.series import rank_scope
 from torchmem.session import Session
-from torchmem.sources.follow import follow
-from torchmem.sources.processes import agents_for
-from torchmem.sources.remote import RemoteSource
-from torchmem.sources.totals import RankTotals
-from torchmem.transport.client import AttachError
-from torchmem.transport.discovery import AgentEntry, runtime_dir
+from torchmem.sources.attached import AttachedRun
+from torchmem.transport.discovery import runtime_dir
 from torchmem.units import format_bytes
 
 
@@ -56,66 +49,6 @@ def command_env(hz: float, max_steps: int | None = None) -> dict[str, str]:
     return env
 
 
-#: How long an ``mp.spawn`` child may take to publish its rank before it is attached
-#: without one (labelled by its pid). Nothing is lost meanwhile: a viewer that attaches
-#: late gets the agent's last minutes of samples.
-RANK_WAIT_S = 10.0
-
-
-def rank_may_come(entry: AgentEntry, now: float | None = None) -> bool:
-    """True for a process started by multiprocessing's spawn (``mp.spawn``'s ranks) that
-    has not published a rank yet and is young enough to: it learns it only when it calls
-    ``init_process_group`` (see ``Agent._learn_rank``). Spawn gives the child its parent's
-    ``sys.argv``, so the command line the kernel holds is what tells."""
-    if entry.rank is not None:
-        return False
-    if (time.time() if now is None else now) - entry.create_time >= RANK_WAIT_S:
-        return False
-    try:
-        return "--multiprocessing-fork" in psutil.Process(entry.pid).cmdline()
-    except psutil.Error:  # gone, or not ours to read: attach it as it is
-        return False
-
-
-class _RankFollower:
-    """Attaches to each agent among this process's descendants as it appears."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.remotes: dict[int, RemoteSource] = {}
-        self.totals = RankTotals(session)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="torchmem-ranks", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _loop(self) -> None:
-        follow(self._look, self._stop, period_s=0.25)
-
-    def _look(self) -> bool:
-        for entry in agents_for(os.getpid()):
-            if entry.pid in self.remotes or rank_may_come(entry):
-                continue
-            if entry.world_size and not self.totals.expected:
-                self.totals.expected = {rank_scope(r) for r in range(entry.world_size)}
-            remote = RemoteSource(self.session, entry, f"{entry.scope}/", report_end=True)
-            try:
-                remote.connect()
-            except AttachError:
-                continue
-            self.remotes[entry.pid] = remote
-        return True  # until the command ends and stop() is called
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5.0)
-        for remote in list(self.remotes.values()):
-            remote.ended.wait(2.0)  # the last events of a rank that just exited
-            remote.close()
-        self.totals.close()
-
-
 def run_command(
     command: list[str],
     summary_path: str | None = None,
@@ -129,7 +62,11 @@ def run_command(
     that step: a few steps of every rank of a job (a tuning trial of ``torchmem tune --
     torchrun ...``)."""
     session = Session()
-    follower = _RankFollower(session)
+    # Every torch process of the command, attached as it appears, under its scope.
+    job = AttachedRun(session, os.getpid(), hz, follow_new=True)
+    follower = threading.Thread(
+        target=job.follow, kwargs={"close": False}, name="torchmem-ranks", daemon=True
+    )
     started = time.monotonic()
     try:
         # The command ends with this process, however it ends (a kill -9, a lost SSH
@@ -150,6 +87,7 @@ def run_command(
             f"torchmem: running {' '.join(command)}; every torch process in it is attachable "
             f"(torchmem attach {os.getpid()} follows them all)\n"
         )
+    job.connect()
     follower.start()
     # A SIGTERM or SIGHUP for torchmem (a scheduler, a closed terminal) is the command's
     # too: passed on, then its end is waited for and summarised as any other.
@@ -167,8 +105,10 @@ def run_command(
     finally:
         for sig, handler in forwarded.items():
             signal.signal(sig, handler)
-    follower.stop()
-    ranks = sorted(follower.remotes.values(), key=lambda r: (r.entry.rank or 0, r.pid))
+    job.detach()
+    follower.join(5.0)
+    job.close(grace_s=2.0)  # the last events of a rank that has just exited
+    ranks = sorted(job.remotes, key=lambda r: (r.entry.rank or 0, r.pid))
     rows = [rank_row(r) for r in ranks]
     data = build_summary(
         "job",

@@ -1,4 +1,9 @@
-"""Everything attached for one pid: its agent, the agents of its ranks, or a watch from outside."""
+"""Everything attached for one pid: its agent, the agents of its ranks, or a watch from outside.
+
+One class for every way torchmem follows processes it did not start in-process: the window's
+and ``torchmem attach``'s attach (the agents there now), and ``torchmem run -- COMMAND``
+(the agents of the command's processes, attached as they appear).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from torchmem.events import CommandResult
-from torchmem.series import node_scope
+from torchmem.series import node_scope, rank_scope
 from torchmem.session import Session
 from torchmem.sources.follow import follow
-from torchmem.sources.processes import agents_for
+from torchmem.sources.processes import agents_for, rank_may_come
 from torchmem.sources.remote import RemoteSource
 from torchmem.sources.totals import RankTotals
 from torchmem.sources.watch import ProcessWatchSource
@@ -31,6 +36,11 @@ class AttachedRun:
     ``pid`` on the one host, or (``pid`` None) every agent of every host, such as all the
     ranks of a multi-node job. A host that cannot be reached is reported and the others
     attached.
+
+    With ``follow_new``, the agents among ``pid``'s descendants are attached as they
+    appear, each under its scope from the first (``rank0/``, ``pid123/``), until
+    :meth:`detach`: the processes of a command this process started, which come and go
+    while it runs.
     """
 
     def __init__(
@@ -41,8 +51,10 @@ class AttachedRun:
         entries: list[AgentEntry] | None = None,
         inject: bool = False,
         hosts: list[SshHost] | None = None,
+        follow_new: bool = False,
     ) -> None:
         self.session = session
+        self.follow_new = follow_new
         self.pid = pid
         self.hosts = list(hosts or [])
         self.tunnels: list[Tunnel] = []
@@ -59,8 +71,13 @@ class AttachedRun:
     def connect(self) -> None:
         """Attach to the agents of ``pid`` (or its ranks), else watch it from outside.
 
-        Raises :class:`AttachError` when nothing can be attached, saying why.
+        Raises :class:`AttachError` when nothing can be attached, saying why (never with
+        ``follow_new``: the processes may not have started yet).
         """
+        if self.follow_new:
+            self.totals = RankTotals(self.session)
+            self._attach_new()
+            return
         if self.hosts:
             entries = self._forwarded()
         elif self.entries is not None:
@@ -114,6 +131,23 @@ class AttachedRun:
             self.totals.since = self.session.now()
         for error in errors:  # some ranks attached, others not: say which
             self.session.note(error)
+
+    def _attach_new(self) -> None:
+        """Attach the agents of ``pid``'s descendants that appeared since the last look
+        (one not ready to answer yet is tried again at the next)."""
+        assert self.pid is not None and self.totals is not None
+        known = {r.pid for r in self.remotes}
+        for entry in agents_for(self.pid):
+            if entry.pid in known or rank_may_come(entry):
+                continue
+            if entry.world_size and not self.totals.expected:
+                self.totals.expected = {rank_scope(r) for r in range(entry.world_size)}
+            remote = RemoteSource(self.session, entry, f"{entry.scope}/")
+            try:
+                remote.connect()
+            except AttachError:
+                continue
+            self.remotes.append(remote)
 
     def _forwarded(self) -> list[AgentEntry]:
         """The agents on the hosts, each reached through a local end of an SSH tunnel.
@@ -190,19 +224,24 @@ class AttachedRun:
 
     def follow(self, duration: float | None = None, close: bool = True) -> None:
         """Block until the processes end, :meth:`detach` is called, or ``duration`` passes;
-        then close the connections unless told not to."""
+        then close the connections unless told not to. With ``follow_new`` only a detach
+        or the deadline ends it (none of the processes may have started yet)."""
         forgotten: set[str] = set()
 
         def look() -> bool:
+            if self.follow_new:
+                self._attach_new()
             if self.totals is not None:  # a rank that ended no longer counts in the total
                 for remote in self.remotes:
                     scope = remote.prefix.rstrip("/")
                     if remote.ended.is_set() and scope not in forgotten:
                         forgotten.add(scope)
                         self.totals.forget(scope)
-            return not self.ended
+            return self.follow_new or not self.ended
 
-        follow(look, self._detach, duration_s=duration)
+        # Looking for new processes reads the process table: four times a second is enough.
+        period = 0.25 if self.follow_new else 0.05
+        follow(look, self._detach, period_s=period, duration_s=duration)
         if close:
             self.close()
 
@@ -210,9 +249,12 @@ class AttachedRun:
         """Stop following (from any thread); the processes carry on."""
         self._detach.set()
 
-    def close(self) -> None:
-        """Close every connection and the watch."""
+    def close(self, grace_s: float = 0.0) -> None:
+        """Close every connection and the watch, after waiting up to ``grace_s`` for the
+        last events of each process that is ending (a rank that has just exited)."""
         for remote in self.remotes:
+            if grace_s:
+                remote.ended.wait(grace_s)
             remote.close()
         if self.watch is not None:
             self.watch.close()

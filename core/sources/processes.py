@@ -8,6 +8,7 @@ still be watched from outside (see :mod:`torchmem.sources.watch`).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,3 +140,24 @@ def agents_for(pid: int) -> list[AgentEntry]:
         # with it. Its other children that serve (spawned DataLoader workers) do not.
         return own + [e for e in found if e.rank is not None]
     return found
+
+
+#: How long an ``mp.spawn`` child may take to publish its rank before it is attached
+#: without one (labelled by its pid). Nothing is lost meanwhile: a viewer that attaches
+#: late gets the agent's last minutes of samples.
+RANK_WAIT_S = 10.0
+
+
+def rank_may_come(entry: AgentEntry, now: float | None = None) -> bool:
+    """True for a process started by multiprocessing's spawn (``mp.spawn``'s ranks) that
+    has not published a rank yet and is young enough to: it learns it only when it calls
+    ``init_process_group`` (see ``Agent._learn_rank``). Spawn gives the child its parent's
+    ``sys.argv``, so the command line the kernel holds is what tells."""
+    if entry.rank is not None:
+        return False
+    if (time.time() if now is None else now) - entry.create_time >= RANK_WAIT_S:
+        return False
+    try:
+        return "--multiprocessing-fork" in psutil.Process(entry.pid).cmdline()
+    except psutil.Error:  # gone, or not ours to read: attach it as it is
+        return False
