@@ -6,7 +6,9 @@ its key figures (:mod:`report`). The harness prints them as one table: each figu
 value, its target, whether it met it, and how it was measured. Ratios are measured side
 by side inside each benchmark (interleaved blocks, medians), so that they hold on a noisy
 machine; ``--quick`` runs every benchmark small enough to finish in about two minutes
-(figures are noisier), the full run takes much longer.
+(figures are noisier), the full run takes much longer. ``--smoke`` is for the test suite:
+each benchmark at the least size that still runs all of its code, in about a minute; its
+figures say that the benchmark works, not how fast anything is.
 
     python -m benchmarks --quick            # every benchmark, small
     python -m benchmarks --only census,log  # two of them, full size
@@ -33,7 +35,8 @@ ROWS_ENV = "TORCHMEM_BENCH_ROWS"  # as report.ROWS_ENV (report is a script's sib
 
 @dataclass(frozen=True)
 class Bench:
-    """One benchmark script and its arguments at full size and in ``--quick``."""
+    """One benchmark script and its arguments at full size, in ``--quick`` and in
+    ``--smoke`` (the quick ones where it has none of its own)."""
 
     name: str
     script: str
@@ -41,6 +44,13 @@ class Bench:
     full: tuple[str, ...] = ()
     quick: tuple[str, ...] = ()
     needs: str = ""  # a program it cannot run without
+    smoke: tuple[str, ...] | None = None
+
+    def args(self, size: str) -> tuple[str, ...]:
+        """The arguments for ``size``: "full", "quick" or "smoke"."""
+        if size == "smoke" and self.smoke is not None:
+            return self.smoke
+        return self.full if size == "full" else self.quick
 
 
 BENCHES = (
@@ -48,7 +58,8 @@ BENCHES = (
           ("--blocks", "8"), ("--blocks", "2", "--steps", "15")),
     Bench("agent", "agent_overhead.py", "step time with a viewer attached; latency; 16 agents",
           ("--blocks", "12"), ("--blocks", "2", "--steps", "12", "--parts", "12",
-                               "--seconds", "3")),
+                               "--seconds", "3"),
+          smoke=("--blocks", "1", "--steps", "6", "--parts", "12", "--seconds", "1.5")),
     Bench("record", "record_overhead.py", "step time while recording to a session file",
           ("--blocks", "8"), ("--blocks", "2", "--steps", "12", "--hours", "0.03")),
     Bench("census", "census_speed.py", "census of 100k tensors among 1M objects",
@@ -58,17 +69,19 @@ BENCHES = (
     Bench("gui", "gui_speed.py", "redrawing 8 traces of 1M samples; cold start",
           (), ("--points", "100000", "--frames", "20")),
     Bench("week", "gui_week.py", "the window's RSS over a simulated week of samples",
-          ("--days", "7", "--hz", "10"), ("--days", "7", "--hz", "0.1", "--every", "60")),
+          ("--days", "7", "--hz", "10"), ("--days", "7", "--hz", "0.1", "--every", "60"),
+          smoke=("--days", "3", "--hz", "0.05", "--every", "240")),
     Bench("log", "log_flood.py", "300,000 printed lines in the window vs headless",
-          (), ("--lines", "20000", "--rounds", "1")),
+          (), ("--lines", "20000", "--rounds", "1"), smoke=("--lines", "5000", "--rounds", "1")),
     Bench("snapshot", "snapshot_open.py", "opening a memory snapshot of 1 GiB and more",
           (), ("--events", "100000")),
     Bench("tune", "tune_search.py", "batch-size search vs Lightning and Accelerate",
-          (), ("--quick",)),
+          (), ("--quick",), smoke=("--quick", "--seeds", "1", "--cases", "1")),
     Bench("peers", "peers.py", "the CNN loop under memray, Scalene, memory_profiler, memlab",
           ("--rounds", "3"), ("--rounds", "1", "--steps", "20")),
     Bench("ssh", "ssh_attach.py", "attaching over SSH: latency, 16 ranks' ssh CPU",
-          (), ("--rounds", "1", "--seconds", "3", "--agents", "4"), needs="sshd"),
+          (), ("--rounds", "1", "--seconds", "3", "--agents", "4"), needs="sshd",
+          smoke=("--rounds", "1", "--seconds", "1.5", "--agents", "2")),
 )  # fmt: skip
 
 
@@ -79,7 +92,7 @@ def _available(bench: Bench) -> str:
     return ""
 
 
-def run_bench(bench: Bench, quick: bool, logs: Path, verbose: bool) -> list[dict]:
+def run_bench(bench: Bench, size: str, logs: Path, verbose: bool) -> list[dict]:
     """Run one benchmark; its rows (a failed run is a row that says so)."""
     why_not = _available(bench)
     if why_not:
@@ -87,7 +100,7 @@ def run_bench(bench: Bench, quick: bool, logs: Path, verbose: bool) -> list[dict
     rows_file = logs / f"{bench.name}.rows"
     rows_file.unlink(missing_ok=True)  # a --logs folder used before holds its last rows
     log = logs / f"{bench.name}.log"
-    args = bench.quick if quick else bench.full
+    args = bench.args(size)
     env = {**os.environ, ROWS_ENV: str(rows_file), "QT_QPA_PLATFORM": "offscreen"}
     command = [sys.executable, str(HERE / bench.script), *args]
     started = time.monotonic()
@@ -141,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the chosen benchmarks and print their figures; the exit code is 1 when a
     benchmark failed to run (or, with ``--strict``, missed a target)."""
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="every benchmark small (~2 minutes)")
+    sizes = p.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="every benchmark small (~2 minutes)")
+    sizes.add_argument(
+        "--smoke", action="store_true", help="the least that runs each one's code (for tests)"
+    )
     p.add_argument("--only", metavar="NAME,...", help="these benchmarks (see --list)")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
@@ -149,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logs", metavar="DIR", help="keep each benchmark's output here")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     opts = p.parse_args(argv)
+    size = "smoke" if opts.smoke else "quick" if opts.quick else "full"
     if opts.list:
         for bench in BENCHES:
             print(f"{bench.name:<10} {bench.what}")
@@ -169,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, torch {torch.__version__}; "
-        f"{'quick' if opts.quick else 'full'} run; logs in {logs}",
+        f"{size} run; logs in {logs}",
         flush=True,
     )
     started = time.monotonic()
@@ -177,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, bench in enumerate(chosen, 1):
         print(f"[{i}/{len(chosen)}] {bench.name}: {bench.what}…", end="", flush=True)
         began = time.monotonic()
-        rows += run_bench(bench, opts.quick, logs, opts.verbose)
+        rows += run_bench(bench, size, logs, opts.verbose)
         print(f" {time.monotonic() - began:.0f} s", flush=True)
     print()
     print_table(rows, opts.markdown)

@@ -257,8 +257,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="3 seeds instead of 20")
     p.add_argument("--cap", type=int, default=4096, help="largest size allowed (4096)")
+    p.add_argument("--seeds", type=int, help="seeds per case (20; 3 with --quick)")
+    p.add_argument("--cases", type=int, default=len(CASES), help="the first N cases (all)")
     args = p.parse_args()
-    seeds = range(3 if args.quick else 20)
+    seeds = range(args.seeds or (3 if args.quick else 20))
+    cases = CASES[: max(1, args.cases)]
     machine = f"{platform.machine()}, {os.cpu_count()} cores"
     print(f"machine: {machine}, Python {platform.python_version()}")
     print(
@@ -275,7 +278,7 @@ def main() -> None:
     peers = real_peers()
     if not peers:
         print("(the peers' own finders are not installed: pip install lightning accelerate)")
-    for case in CASES:
+    for case in cases:
         truth = case.true_max(args.cap)
         for name, strategy in {**STRATEGIES, **peers}.items():
             rows = []
@@ -291,7 +294,7 @@ def main() -> None:
                 f"{lowest:>6.2f}"
             )
             totals.setdefault(name, []).append((t, o, lowest))
-    how = f"median over {len(CASES)} simulated memory curves x {len(seeds)} seeds"
+    how = f"median over {len(cases)} simulated memory curves x {len(seeds)} seeds"
     for name, found in totals.items():
         trials = statistics.median(r[0] for r in found)
         ooms = statistics.median(r[1] for r in found)
