@@ -277,7 +277,7 @@ def spin(seconds: float) -> None:
 def fleet(n: int, seconds: float) -> None:
     from PySide6.QtCore import QSettings
 
-    from torchmem.gui.main_window import MainWindow
+    from torchmem.gui.windows.main_window import MainWindow
     from torchmem.session import Session
     from torchmem.sources.inprocess import InProcessSource
 

@@ -41,7 +41,7 @@ KEYS = (
 
 
 def redraw(points: int, frames: int) -> None:
-    from torchmem.gui.trace_plot import TracePlot
+    from torchmem.gui.plots.trace_plot import TracePlot
 
     app = QApplication.instance() or QApplication([])
     session = Session()
@@ -112,7 +112,7 @@ def tensor_table(storages: int) -> None:
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QTreeView
 
-    from torchmem.gui.tensor_model import TensorModel
+    from torchmem.gui.panels.tensor_model import TensorModel
     from torchmem.tensors.model import Census, StorageInfo, TensorInfo
 
     app = QApplication.instance() or QApplication([])

@@ -29,7 +29,7 @@ from PySide6.QtCore import QEvent, QSettings
 from PySide6.QtWidgets import QApplication
 
 from torchmem.events import CensusTaken, LogRecord, Marker, MarkerKind, Sample, Stream
-from torchmem.gui.main_window import MainWindow
+from torchmem.gui.windows.main_window import MainWindow
 from torchmem.tensors.model import Census, StorageInfo, TensorInfo
 from torchmem.units import format_bytes
 

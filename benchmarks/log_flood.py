@@ -43,7 +43,7 @@ def in_window(script: Path, folder: Path) -> tuple[float, int]:
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
 
-    from torchmem.gui.main_window import MainWindow
+    from torchmem.gui.windows.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])
     window = MainWindow(settings=QSettings(str(folder / "settings.ini"), QSettings.IniFormat))

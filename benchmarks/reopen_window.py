@@ -25,7 +25,7 @@ import report
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication
 
-from torchmem.gui.main_window import MainWindow
+from torchmem.gui.windows.main_window import MainWindow
 from torchmem.units import format_bytes
 
 

@@ -13,14 +13,13 @@ from PySide6.QtCore import QObject, QSettings, QTimer, Signal, Slot
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
+from torchmem.gui.theme import apply_theme
+from torchmem.gui.windows.main_window import MainWindow
+from torchmem.gui.windows.snapshot_window import SnapshotOpener
 from torchmem.resources import demo_script
 from torchmem.resources import path as resource_path
 from torchmem.session import Session
 from torchmem.sources.inprocess import InProcessSource
-
-from .main_window import MainWindow
-from .snapshot_window import SnapshotOpener
-from .theme import apply_theme
 
 
 def create_app() -> QApplication:

@@ -3,7 +3,7 @@
 A row is any object; a subclass says what each column shows of it, how it sorts and
 what its tooltip says. The list is small (tens to hundreds of rows), so a new list
 replaces the old one with a model reset. The Tensors panel, a tree of storages and their
-tensors that can hold 60,000 rows, has a model of its own (gui/tensor_model.py).
+tensors that can hold 60,000 rows, has a model of its own (gui/panels/tensor_model.py).
 """
 
 from __future__ import annotations

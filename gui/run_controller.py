@@ -14,13 +14,18 @@ import time
 from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
 from torchmem.events import RunFinished, RunStatus
+from torchmem.gui.workers import (
+    AttachWorker,
+    CommandWorker,
+    ScriptWorker,
+    start_in_thread,
+    wait_thread,
+)
 from torchmem.probe.runner import EXIT_STOPPED
 from torchmem.sources.attached import AttachedRun
 from torchmem.sources.base import Source
 from torchmem.sources.inprocess import InProcessSource
 from torchmem.sources.isolated import IsolatedSource
-
-from .workers import AttachWorker, CommandWorker, ScriptWorker, start_in_thread, wait_thread
 
 #: After a stop request, how long before a run that goes on counts as stuck (blocked in a
 #: C call, where Python cannot interrupt it).

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from PySide6.QtCore import Signal
 
+from torchmem.gui.workers import Worker
 from torchmem.tuning.predict import predict
 from torchmem.tuning.search import TuneCancelled, TuneError, TuneResult
 from torchmem.tuning.trial import TrialPlan, plan_search
-
-from .workers import Worker
 
 
 class TuneWorker(Worker):

@@ -240,7 +240,7 @@ def make_window(qtbot, settings_path):
     def make(backends=None):
         from PySide6.QtCore import QSettings
 
-        from torchmem.gui.main_window import MainWindow
+        from torchmem.gui.windows.main_window import MainWindow
         from torchmem.probe.backends import ProcessBackend
         from torchmem.session import Session
         from torchmem.sources.inprocess import InProcessSource

@@ -10,7 +10,7 @@ from test_agent import start, wait_for_agent
 from test_gui import RUN_TIMEOUT_MS, finish, log_text
 
 from torchmem.events import RunStatus
-from torchmem.gui.attach_dialog import AttachDialog, ProcessModel
+from torchmem.gui.dialogs.attach_dialog import AttachDialog, ProcessModel
 
 # Starts torchmem, agent or training processes (conftest checks the mark).
 pytestmark = pytest.mark.slow

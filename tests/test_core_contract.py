@@ -50,7 +50,7 @@ def test_import_contract_holds():
     import grimp
 
     modules = grimp.build_graph("torchmem").modules
-    assert {"torchmem.gui.main_window", "torchmem.gui.trace_plot"} <= modules
+    assert {"torchmem.gui.windows.main_window", "torchmem.gui.plots.trace_plot"} <= modules
 
 
 def test_the_window_never_imports_the_command_line():

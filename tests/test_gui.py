@@ -224,7 +224,7 @@ def test_the_window_finds_accelerators_when_a_run_starts(
     from PySide6.QtCore import QSettings
 
     import torchmem.sources.inprocess as inprocess
-    from torchmem.gui.main_window import MainWindow
+    from torchmem.gui.windows.main_window import MainWindow
     from torchmem.session import Session
 
     calls = []
@@ -263,7 +263,7 @@ def test_the_window_opens_without_importing_torch(tmp_path):
         "import sys\n"
         "from PySide6.QtWidgets import QApplication\n"
         "from PySide6.QtCore import QSettings\n"
-        "from torchmem.gui.main_window import MainWindow\n"
+        "from torchmem.gui.windows.main_window import MainWindow\n"
         "app = QApplication([])\n"
         f"w = MainWindow(settings=QSettings({str(tmp_path / 's.ini')!r}, QSettings.IniFormat))\n"
         "w.show(); app.processEvents()\n"
@@ -441,7 +441,7 @@ def test_dense_markers_label_only_where_their_labels_have_room(qtbot, window):
 
 def test_only_the_newest_marker_lines_are_kept(qtbot, window):
     from torchmem.events import Marker, MarkerKind
-    from torchmem.gui.plot_markers import MAX_MARKER_LINES
+    from torchmem.gui.plots.plot_markers import MAX_MARKER_LINES
 
     session = window.session
     for i in range(3 * MAX_MARKER_LINES):
@@ -506,7 +506,7 @@ def test_the_cached_axes_still_redraw_when_the_traces_move(qtbot, window, monkey
 def test_the_legend_wraps_to_the_width_and_never_widens_the_plots(qtbot):
     """Eight series in a narrow window: the legend takes more rows, not more width (a
     legend wider than the view pushed the plots' right edge out of the window)."""
-    from torchmem.gui.trace_plot import TracePlot
+    from torchmem.gui.plots.trace_plot import TracePlot
     from torchmem.session import Session
 
     session = Session()
@@ -668,7 +668,7 @@ def test_an_oom_opens_a_report_that_names_the_tensors_in_the_failing_frames(
 def test_a_process_without_a_rank_never_takes_a_ranks_colour():
     """An mp.spawn script's own process (``pid 4242``) beside its ranks: pid 4242 and
     rank 2 once had the same orange (4242 % 8 == 2)."""
-    from torchmem.gui.trace_plot import series_color
+    from torchmem.gui.plots.trace_plot import series_color
 
     ranks = {series_color(f"rank{r}/cpu/rss").name() for r in range(8)}
     for scope in ("pid4242", "pid4243", "pid7@node1"):
@@ -695,7 +695,7 @@ def test_open_recent_lists_one_script_as_one_entry_after_a_restart(
 def test_the_shortcuts_dialog_keeps_keys_apart_from_what_they_do(window):
     from PySide6.QtGui import QFont, QFontMetrics, QTextDocument
 
-    from torchmem.gui.window_chrome import shortcuts_table
+    from torchmem.gui.windows.window_chrome import shortcuts_table
 
     doc = QTextDocument()
     doc.setHtml(shortcuts_table(window))

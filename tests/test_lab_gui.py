@@ -7,7 +7,7 @@ import csv
 import psutil
 import pytest
 
-from torchmem.gui.lab_panel import LabPanel
+from torchmem.gui.panels.lab_panel import LabPanel
 
 RUN_TIMEOUT_MS = 120_000
 

@@ -7,7 +7,7 @@ import threading
 import time
 
 from torchmem.events import LogRecord, Marker, RunFinished, Stream
-from torchmem.gui.log_pane import MAX_LINES, LogPane
+from torchmem.gui.panels.log_pane import MAX_LINES, LogPane
 from torchmem.probe.log_batch import BATCH_S, LogBatcher
 from torchmem.probe.runner import ScriptRunner
 
@@ -193,7 +193,7 @@ def test_a_progress_bar_redraws_its_line_as_in_a_terminal(qtbot):
 
 
 def test_a_line_without_end_is_broken_so_the_line_cap_still_bounds_the_pane(qtbot):
-    from torchmem.gui.log_pane import MAX_LINE_CHARS
+    from torchmem.gui.panels.log_pane import MAX_LINE_CHARS
 
     pane = LogPane()
     qtbot.addWidget(pane)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from torchmem.gui.sessions_dialog import SessionModel, SessionsDialog
+from torchmem.gui.dialogs.sessions_dialog import SessionModel, SessionsDialog
 from torchmem.record.library import list_sessions, sessions_dir
 from torchmem.record.replay import load
 from torchmem.report.recorded import recorded_summary

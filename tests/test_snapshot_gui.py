@@ -138,7 +138,7 @@ def test_the_snapshot_command_opens_its_window_alone(qtbot, tmp_path):
     from PySide6.QtWidgets import QApplication
 
     from torchmem.gui.app import SnapshotAlone
-    from torchmem.gui.main_window import MainWindow
+    from torchmem.gui.windows.main_window import MainWindow
 
     alone = SnapshotAlone(str(write(tmp_path / "alone.pickle", small_snapshot())))
     with qtbot.waitSignal(alone.opener.opened, timeout=OPEN_TIMEOUT_MS) as signal:

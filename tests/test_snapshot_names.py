@@ -152,7 +152,7 @@ def test_a_snapshot_saved_by_torchmem_carries_the_censuses_names(stub_cuda, tmp_
 
 
 def test_the_window_shows_the_names_column_only_when_there_are_names(qtbot, tmp_path):
-    from torchmem.gui.snapshot_window import COLUMNS, SnapshotWindow
+    from torchmem.gui.windows.snapshot_window import COLUMNS, SnapshotWindow
 
     index = build_index(reused_address_snapshot())
     plain = SnapshotWindow(index)

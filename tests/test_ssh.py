@@ -304,7 +304,7 @@ def test_the_window_shows_both_nodes_and_goes_on_when_one_drops(
 def test_the_attach_dialog_lists_a_host_and_attaches_through_it(nodes, qtbot, settings_path):
     from PySide6.QtCore import QSettings
 
-    from torchmem.gui.attach_dialog import AttachDialog
+    from torchmem.gui.dialogs.attach_dialog import AttachDialog
 
     node = nodes["node-a"]
     proc = start_on(node, ["run", "--attachable", str(SCRIPTS / "train_forever.py")])

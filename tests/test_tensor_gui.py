@@ -10,9 +10,9 @@ from PySide6.QtCore import QModelIndex, QSettings, Qt
 from PySide6.QtWidgets import QTreeView
 
 from torchmem.events import CensusTaken
-from torchmem.gui.main_window import MainWindow
-from torchmem.gui.tensor_model import CHUNK, TensorModel
-from torchmem.gui.tensor_panel import TensorDetails, details_text, local_referrers
+from torchmem.gui.panels.tensor_model import CHUNK, TensorModel
+from torchmem.gui.panels.tensor_panel import TensorDetails, details_text, local_referrers
+from torchmem.gui.windows.main_window import MainWindow
 from torchmem.probe.backends import ProcessBackend
 from torchmem.resources import demo_script
 from torchmem.session import Session
@@ -271,7 +271,7 @@ def test_a_leak_raises_an_alert_marked_on_the_traces_and_leads_to_its_culprits(q
 
 
 def test_leak_settings_are_applied_and_remembered(qtbot, window):
-    from torchmem.gui.leak_settings import LeakSettingsDialog, load_leak_settings
+    from torchmem.gui.dialogs.leak_settings import LeakSettingsDialog, load_leak_settings
 
     dialog = LeakSettingsDialog(window.source.leak_settings, window.settings, window)
     dialog.mib.setValue(4.0)

@@ -9,7 +9,7 @@ import psutil
 import pytest
 from helpers import check_summary
 
-from torchmem.gui.tune_panel import TunePanel
+from torchmem.gui.panels.tune_panel import TunePanel
 
 pytestmark = pytest.mark.slow
 

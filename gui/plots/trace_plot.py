@@ -13,6 +13,10 @@ from PySide6.QtCore import QPointF, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import QGraphicsItem, QWidget
 
+from torchmem.gui.bridge import SessionBridge
+from torchmem.gui.plots.plot_markers import MarkerLines
+from torchmem.gui.theme import follow_palette
+from torchmem.gui.view_state import WINDOWS, ViewState
 from torchmem.series import (
     COUNT_METRICS,
     METRICS,
@@ -28,11 +32,6 @@ from torchmem.series import (
 )
 from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
-
-from .bridge import SessionBridge
-from .plot_markers import MarkerLines
-from .theme import follow_palette
-from .view_state import WINDOWS, ViewState
 
 COLORS = {
     "allocated": "#1f77b4",

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject, QTimer, Slot
 
 if TYPE_CHECKING:
+    from torchmem.gui.windows.main_window import MainWindow
     from torchmem.transport.ssh import SshHost
-
-    from .main_window import MainWindow
 
 
 class Attaching(QObject):
@@ -39,7 +38,7 @@ class Attaching(QObject):
     @Slot()
     def open_dialog(self) -> None:
         """Pick a running process and attach to it."""
-        from .attach_dialog import AttachDialog
+        from torchmem.gui.dialogs.attach_dialog import AttachDialog
 
         w = self.window
         dialog = AttachDialog(w, w.settings)

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject, Qt, QTimer, Slot
 
 from torchmem.events import Alert, CommandResult, RunFinished, RunStarted, RunStatus
+from torchmem.gui.dialogs.oom_dialog import OomDialog
 from torchmem.leaks.oom import explain_oom
 
-from .oom_dialog import OomDialog
-
 if TYPE_CHECKING:
-    from .main_window import MainWindow
+    from torchmem.gui.windows.main_window import MainWindow
 
 
 class RunReport(QObject):

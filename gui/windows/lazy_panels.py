@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QApplication
 
-from .theme import follow_palette
+from torchmem.gui.theme import follow_palette
 
 if TYPE_CHECKING:
-    from .lab_panel import LabPanel
-    from .main_window import MainWindow
-    from .tune_panel import TunePanel
+    from torchmem.gui.panels.lab_panel import LabPanel
+    from torchmem.gui.panels.tune_panel import TunePanel
+    from torchmem.gui.windows.main_window import MainWindow
 
 
 class LazyPanels(QObject):
@@ -35,7 +35,7 @@ class LazyPanels(QObject):
     def tune(self) -> TunePanel:
         """The Tune panel, made on first use."""
         if self._tune is None:
-            from .tune_panel import TunePanel
+            from torchmem.gui.panels.tune_panel import TunePanel
 
             self._tune = TunePanel()
             self._tune.use_batch_size.connect(self._use_batch_size)
@@ -46,7 +46,7 @@ class LazyPanels(QObject):
     def lab(self) -> LabPanel:
         """The Lab panel, made on first use."""
         if self._lab is None:
-            from .lab_panel import LabPanel
+            from torchmem.gui.panels.lab_panel import LabPanel
 
             self._lab = LabPanel()
             self.window.lab_dock.setWidget(self._lab)

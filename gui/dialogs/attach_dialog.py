@@ -25,14 +25,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from torchmem.gui.row_table import RowTableModel
+from torchmem.gui.settings_values import string_list
+from torchmem.gui.workers import start_in_thread, wait_thread
 from torchmem.sources.processes import ProcessInfo, list_processes
 from torchmem.transport.client import AttachError
 from torchmem.transport.ssh import SshHost, remote_processes
 from torchmem.units import format_bytes
-
-from .row_table import RowTableModel
-from .settings_values import string_list
-from .workers import start_in_thread, wait_thread
 
 COLUMNS = ("PID", "Agent", "Rank", "RSS", "GPU", "Command")
 TIPS = (

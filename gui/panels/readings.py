@@ -8,6 +8,9 @@ from PySide6.QtCore import Qt, Slot
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
+from torchmem.gui.bridge import SessionBridge
+from torchmem.gui.plots.trace_plot import series_color
+from torchmem.gui.view_state import ViewState
 from torchmem.series import (
     COUNT_METRICS,
     KERNEL_PEAK,
@@ -21,10 +24,6 @@ from torchmem.series import (
 )
 from torchmem.session import Session
 from torchmem.units import format_bytes, format_duration
-
-from .bridge import SessionBridge
-from .trace_plot import series_color
-from .view_state import ViewState
 
 #: A reading older than this (seconds) next to the others is shown with its age, greyed.
 STALE_AFTER_S = 3.5

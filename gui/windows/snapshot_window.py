@@ -33,15 +33,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from torchmem.gui.plots.segment_map import SegmentMap
+from torchmem.gui.theme import follow_palette
+from torchmem.gui.workers import Worker, start_in_thread, wait_thread
 from torchmem.snapshots import analysis
 from torchmem.snapshots.index import SnapshotIndex
 from torchmem.snapshots.open import SnapshotCancelled, open_snapshot
 from torchmem.snapshots.read import SnapshotError
 from torchmem.units import format_bytes
-
-from .segment_map import SegmentMap
-from .theme import follow_palette
-from .workers import Worker, start_in_thread, wait_thread
 
 #: Stacked from the bottom: what stays (parameters) under what comes and goes.
 CATEGORY_COLORS = {

@@ -27,11 +27,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from torchmem.gui.row_table import SORT_ROLE, RowTableModel
 from torchmem.record.library import SessionEntry, file_bytes, list_sessions, sessions_dir
 from torchmem.record.store import SUFFIX, RecordError, rename_session
 from torchmem.units import format_bytes, format_duration
-
-from .row_table import SORT_ROLE, RowTableModel
 
 COLUMNS = ("Recorded", "Run", "Ended", "Duration", "Peak", "Alerts", "Size")
 TIPS = (

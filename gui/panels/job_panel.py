@@ -11,7 +11,7 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, QThread, Slot
 from PySide6.QtWidgets import QFileDialog, QLabel, QWidget
 
-from .workers import Worker, start_in_thread, wait_thread
+from torchmem.gui.workers import Worker, start_in_thread, wait_thread
 
 
 class JobPanel(QWidget):

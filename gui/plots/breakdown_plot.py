@@ -15,12 +15,11 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from torchmem.events import CensusTaken
+from torchmem.gui.bridge import SessionBridge
+from torchmem.gui.view_state import ViewState
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, KINDS
 from torchmem.units import UNITS, auto_unit, format_bytes
-
-from .bridge import SessionBridge
-from .view_state import ViewState
 
 KIND_COLORS = {
     "parameter": "#1f77b4",

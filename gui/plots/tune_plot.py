@@ -17,11 +17,10 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Slot
 from PySide6.QtWidgets import QWidget
 
+from torchmem.gui.theme import follow_palette
 from torchmem.tuning.model import Fit
 from torchmem.tuning.search import Trial, TuneResult
 from torchmem.units import UNITS, auto_unit
-
-from .theme import follow_palette
 
 OK_COLOR, FAIL_COLOR, FIT_COLOR = "#1f77b4", "#d62728", "#7f7f7f"
 BUDGET_COLOR, LIMIT_COLOR, RATE_COLOR, PICK_COLOR = "#d62728", "#ff7f0e", "#2ca02c", "#2ca02c"

@@ -16,10 +16,9 @@ from PySide6.QtWidgets import (
 )
 
 from torchmem.events import Alert, AlertState, Severity
+from torchmem.gui.bridge import SessionBridge
 from torchmem.session import Session
 from torchmem.units import format_bytes
-
-from .bridge import SessionBridge
 
 SEVERITY_COLORS = {Severity.CRITICAL: "#d62728", Severity.WARNING: "#ff7f0e"}
 RESOLVED_COLOR = "#2ca02c"

@@ -25,15 +25,14 @@ from PySide6.QtWidgets import (
 )
 
 from torchmem.events import RunStatus
+from torchmem.gui.actions import ACTIONS
+from torchmem.gui.theme import THEMES
+from torchmem.gui.view_state import UNIT_CHOICES, WINDOWS
+from torchmem.gui.windows.status_bar import ElidingStatusBar
 from torchmem.probe.sampler import MAX_HZ, MIN_HZ
 
-from .actions import ACTIONS
-from .status_bar import ElidingStatusBar
-from .theme import THEMES
-from .view_state import UNIT_CHOICES, WINDOWS
-
 if TYPE_CHECKING:
-    from .main_window import MainWindow
+    from torchmem.gui.windows.main_window import MainWindow
 
 
 class DockSpec(NamedTuple):

@@ -40,6 +40,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from torchmem.gui.panels.job_panel import JobPanel
+from torchmem.gui.plots.tune_plot import FAIL_COLOR, TunePlot
+from torchmem.gui.tune_worker import TuneWorker
 from torchmem.probe import nvml
 from torchmem.probe.runner import ScriptError, validate_script
 from torchmem.tuning.budget import budget_bytes, default_budget, headroom_bytes
@@ -56,10 +59,6 @@ from torchmem.tuning.trial import (
     without_option,
 )
 from torchmem.units import format_bytes
-
-from .job_panel import JobPanel
-from .tune_plot import FAIL_COLOR, TunePlot
-from .tune_worker import TuneWorker
 
 #: A search usually needs about this many trials (for the progress bar until it ends).
 EXPECTED_TRIALS = 7

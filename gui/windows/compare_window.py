@@ -20,13 +20,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from torchmem.gui.theme import follow_palette
 from torchmem.record.compare import CompareRow, aligned, common_keys, compare_row, run_labels
 from torchmem.record.replay import Recording
 from torchmem.report.recorded import recorded_summary
 from torchmem.series import series_label
 from torchmem.units import UNITS, auto_unit, format_bytes, format_duration
-
-from .theme import follow_palette
 
 #: One color per run, in order (colour-blind safe: Okabe-Ito).
 RUN_COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")

@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QFileDialog
 
+from torchmem.gui.settings_values import string_list
 from torchmem.record.store import SUFFIX as SESSION_SUFFIX
 
-from .settings_values import string_list
-
 if TYPE_CHECKING:
-    from .main_window import MainWindow
+    from torchmem.gui.windows.main_window import MainWindow
 
 #: Scripts listed in File > Open recent.
 RECENT = 10

@@ -36,16 +36,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from torchmem.gui.panels.job_panel import JobPanel
+from torchmem.gui.theme import follow_palette
+from torchmem.gui.workers import Worker
 from torchmem.lab.measure import Job, Row
 from torchmem.lab.ops import BUILTIN, ExpressionError, expression
 from torchmem.lab.results import format_rate, format_seconds, jobs_of, write_csv
 from torchmem.lab.runner import LabCancelled, LabError, run_lab
 from torchmem.probe import nvml
 from torchmem.units import format_bytes
-
-from .job_panel import JobPanel
-from .theme import follow_palette
-from .workers import Worker
 
 #: Checked when the panel opens: the tutorial's first lesson (out of place, in place, a
 #: view, a copy) and the product.

@@ -18,6 +18,9 @@ from PySide6.QtGui import QPainter
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QApplication, QFileDialog, QWidget
 
+from torchmem.gui.dialogs.census_diff_dialog import CensusDiffDialog
+from torchmem.gui.dialogs.sessions_dialog import SessionsDialog
+from torchmem.gui.windows.compare_window import CompareWindow
 from torchmem.leaks.oom import explain_oom
 from torchmem.record.census_diff import recorded_censuses
 from torchmem.record.library import DEFAULT_CAP_BYTES
@@ -28,12 +31,8 @@ from torchmem.report.recorded import export_csv, recorded_summary
 from torchmem.report.summary import run_summary, write_summary
 from torchmem.session import Session
 
-from .census_diff_dialog import CensusDiffDialog
-from .compare_window import CompareWindow
-from .sessions_dialog import SessionsDialog
-
 if TYPE_CHECKING:
-    from .main_window import MainWindow
+    from torchmem.gui.windows.main_window import MainWindow
 
 #: File dialog filters of File > Export the run, by suffix.
 EXPORT_FILTERS = (

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, Qt
 
-from .leak_settings import load_leak_settings
+from torchmem.gui.dialogs.leak_settings import load_leak_settings
 
 if TYPE_CHECKING:
-    from .main_window import MainWindow
+    from torchmem.gui.windows.main_window import MainWindow
 
 # Bumped whenever docks are added or moved: a dock layout saved by an older version would
 # put new docks in odd places, so it is not restored.

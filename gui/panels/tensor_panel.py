@@ -24,15 +24,14 @@ from PySide6.QtWidgets import (
 )
 
 from torchmem.events import CensusTaken
+from torchmem.gui.bridge import SessionBridge
+from torchmem.gui.panels.tensor_model import TensorModel
+from torchmem.gui.view_state import ViewState
 from torchmem.series import is_sum_scope, scope_label
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, Census, CensusDiff, StorageInfo, TensorInfo
 from torchmem.tensors.referrers import referrers_of
 from torchmem.units import format_bytes
-
-from .bridge import SessionBridge
-from .tensor_model import TensorModel
-from .view_state import ViewState
 
 NO_CENSUS = "No census yet: press Refresh while a script runs."
 GAP_LABEL = "not held by a Python tensor (allocator rounding, autograd buffers, C++ caches)"

@@ -26,35 +26,27 @@ from torchmem import __version__
 from torchmem.events import (
     RunFinished,
 )
-from torchmem.probe.commands import COMMANDS
-from torchmem.probe.runner import ScriptError, validate_script
-from torchmem.resources import path as resource_path
-from torchmem.series import scope_label
-from torchmem.session import Session
-from torchmem.sources.attached import AttachedRun
-from torchmem.sources.inprocess import InProcessSource
-
-from .alert_panel import AlertPanel
-from .attaching import Attaching
-from .banner import Banner
-from .breakdown_plot import BreakdownPlot
-from .bridge import SessionBridge
-from .gui_gc import GuiThreadCollector
-from .lazy_panels import LazyPanels
-from .leak_settings import LeakSettingsDialog
-from .log_pane import LogPane
-from .opening import Opening
-from .readings import ReadingsTable
-from .recordings import Recordings
-from .run_controller import RunController
-from .run_mode import RunMode
-from .run_report import RunReport
-from .snapshot_window import SnapshotOpener
-from .tensor_panel import TensorPanel
-from .theme import apply_theme
-from .trace_plot import TracePlot
-from .view_state import ViewState
-from .window_chrome import (
+from torchmem.gui.bridge import SessionBridge
+from torchmem.gui.dialogs.leak_settings import LeakSettingsDialog
+from torchmem.gui.gui_gc import GuiThreadCollector
+from torchmem.gui.panels.alert_panel import AlertPanel
+from torchmem.gui.panels.log_pane import LogPane
+from torchmem.gui.panels.readings import ReadingsTable
+from torchmem.gui.panels.tensor_panel import TensorPanel
+from torchmem.gui.plots.breakdown_plot import BreakdownPlot
+from torchmem.gui.plots.trace_plot import TracePlot
+from torchmem.gui.run_controller import RunController
+from torchmem.gui.run_mode import RunMode
+from torchmem.gui.theme import apply_theme
+from torchmem.gui.view_state import ViewState
+from torchmem.gui.windows.attaching import Attaching
+from torchmem.gui.windows.banner import Banner
+from torchmem.gui.windows.lazy_panels import LazyPanels
+from torchmem.gui.windows.opening import Opening
+from torchmem.gui.windows.recordings import Recordings
+from torchmem.gui.windows.run_report import RunReport
+from torchmem.gui.windows.snapshot_window import SnapshotOpener
+from torchmem.gui.windows.window_chrome import (
     build_actions,
     build_docks,
     build_menus,
@@ -63,7 +55,14 @@ from .window_chrome import (
     shortcuts_table,
     sync_actions,
 )
-from .window_settings import restore_window, save_window
+from torchmem.gui.windows.window_settings import restore_window, save_window
+from torchmem.probe.commands import COMMANDS
+from torchmem.probe.runner import ScriptError, validate_script
+from torchmem.resources import path as resource_path
+from torchmem.series import scope_label
+from torchmem.session import Session
+from torchmem.sources.attached import AttachedRun
+from torchmem.sources.inprocess import InProcessSource
 
 
 class MainWindow(QMainWindow):

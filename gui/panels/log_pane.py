@@ -18,9 +18,8 @@ from torchmem.events import (
     RunStarted,
     Stream,
 )
+from torchmem.gui.bridge import SessionBridge
 from torchmem.session import Session
-
-from .bridge import SessionBridge
 
 MAX_LINES = 20000
 #: A line longer than this is broken (a script that writes without newlines would

@@ -1,0 +1,1 @@
+"""The dialogs: Attach, Sessions, Out of memory, census difference and leak settings."""
