@@ -17,18 +17,13 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QComboBox,
     QFormLayout,
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QLineEdit,
     QListWidget,
     QListWidgetItem,
     QProgressBar,
-    QPushButton,
-    QSpinBox,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -36,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from torchmem.gui.forms import button, check_box, combo_box, line_edit, spin_box
 from torchmem.gui.panels.job_panel import JobPanel
 from torchmem.gui.theme import follow_palette
 from torchmem.gui.workers import Worker
@@ -120,48 +116,42 @@ class LabPanel(JobPanel):
             item.setCheckState(Qt.Checked if name in DEFAULT_OPS else Qt.Unchecked)
             item.setToolTip(op.why[0].upper() + op.why[1:] + ".")
             self.op_list.addItem(item)
-        self.expr_edit = QLineEdit()
-        self.expr_edit.setPlaceholderText("your expression, e.g. torch.sigmoid(a) * b")
-        self.expr_edit.setToolTip(
+        self.expr_edit = line_edit(
             "Any Python expression over a, b, c (n x n tensors), torch, F "
-            "(torch.nn.functional) and checkpoint(fn, *inputs); measured like the built-ins"
+            "(torch.nn.functional) and checkpoint(fn, *inputs); measured like the built-ins",
+            placeholder="your expression, e.g. torch.sigmoid(a) * b",
         )
         self.expr_edit.textChanged.connect(self._check_expression)
-        self.sizes_edit = QLineEdit("256, 1024, 2048")
-        self.sizes_edit.setToolTip("n of the n x n inputs, comma-separated")
-        self.dtype_combo = QComboBox()
-        self.dtype_combo.addItems(DTYPES)
-        self.dtype2_combo = QComboBox()
-        self.dtype2_combo.addItems([NONE, *DTYPES])
-        self.dtype2_combo.setToolTip("A second dtype, measured side by side")
+        self.sizes_edit = line_edit("n of the n x n inputs, comma-separated", "256, 1024, 2048")
+        self.dtype_combo = combo_box("The inputs' dtype", DTYPES)
+        self.dtype2_combo = combo_box("A second dtype, measured side by side", [NONE, *DTYPES])
         devices = ["cpu", *nvml.cuda_devices()]
-        self.device_combo = QComboBox()
-        self.device_combo.addItems(devices)
-        self.device2_combo = QComboBox()
-        self.device2_combo.addItems([NONE, *devices])
-        self.device2_combo.setToolTip("A second device, measured side by side")
-        self.repeats_spin = QSpinBox()
-        self.repeats_spin.setRange(1, 1000)
-        self.repeats_spin.setValue(5)
-        self.repeats_spin.setToolTip("Timed runs after one warm-up run (more for fast ops)")
-        self.grad_check = QCheckBox("Inputs require grad (measure what backward keeps)")
-        self.isolated_check = QCheckBox("Measure outside the window")
-        self.isolated_check.setChecked(True)
-        self.isolated_check.setToolTip(
+        self.device_combo = combo_box("Where the inputs live and the operation runs", devices)
+        self.device2_combo = combo_box("A second device, measured side by side", [NONE, *devices])
+        self.repeats_spin = spin_box(
+            "Timed runs after one warm-up run (more for fast ops)", 1, 1000, 5
+        )
+        self.grad_check = check_box(
+            "Inputs require grad (measure what backward keeps)",
+            "The inputs require grad: each row also measures what the graph keeps for backward",
+        )
+        self.isolated_check = check_box(
+            "Measure outside the window",
             "In the lab's own process: a CPU row in a fresh child of it, so that the heap "
             "left by earlier rows never hides a later row's allocations; a GPU row in the "
             "process itself, by the allocator's exact counters. Off: measured inside the "
-            "window (faster)"
+            "window (faster)",
+            checked=True,
         )
-        self.run_button = QPushButton("Run")
-        self.run_button.setToolTip("Measure every chosen operation at every size (Ctrl+Return)")
-        self.run_button.clicked.connect(self.start)
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setToolTip("Stop now, ending the measurement in flight")
-        self.cancel_button.clicked.connect(self.cancel)
-        self.export_button = QPushButton("Export…")
-        self.export_button.setToolTip("Save the table as CSV or the plots as PNG")
-        self.export_button.clicked.connect(self._export_dialog)
+        self.run_button = button(
+            "Run", "Measure every chosen operation at every size (Ctrl+Return)", self.start
+        )
+        self.cancel_button = button(
+            "Cancel", "Stop now, ending the measurement in flight", self.cancel
+        )
+        self.export_button = button(
+            "Export…", "Save the table as CSV or the plots as PNG", self._export_dialog
+        )
         QShortcut(QKeySequence("Ctrl+Return"), self, self.start)
         self.progress = QProgressBar()
         self.progress.setFormat("")

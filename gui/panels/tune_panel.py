@@ -20,19 +20,14 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QComboBox,
     QFileDialog,
     QFormLayout,
     QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QLineEdit,
     QProgressBar,
-    QPushButton,
     QScrollArea,
-    QSpinBox,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -40,6 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from torchmem.gui.forms import button, check_box, combo_box, line_edit, spin_box
 from torchmem.gui.panels.job_panel import JobPanel
 from torchmem.gui.plots.tune_plot import FAIL_COLOR, TunePlot
 from torchmem.gui.tune_worker import TuneWorker
@@ -100,87 +96,71 @@ class TunePanel(JobPanel):
 
     # -- construction -------------------------------------------------------------------------
     def _build_form(self) -> None:
-        self.script_edit = QLineEdit()
-        self.script_edit.setPlaceholderText("train.py, or steps.py:train_step")
-        self.script_edit.setToolTip(
+        self.script_edit = line_edit(
             "The training script to tune, or a step function as FILE.py:FUNCTION (or "
             "package.module:FUNCTION): each trial imports it in a fresh process and calls "
-            "it with the batch size, one call a step"
+            "it with the batch size, one call a step",
+            placeholder="train.py, or steps.py:train_step",
         )
-        self.browse_button = QPushButton("…")
-        self.browse_button.setToolTip("Choose the script")
-        self.browse_button.clicked.connect(self._browse)
-        self.args_edit = QLineEdit()
-        self.args_edit.setPlaceholderText("--epochs 1")
-        self.args_edit.setToolTip("The script's other arguments (shell syntax)")
-        self.batch_edit = QLineEdit("--batch-size")
-        self.batch_edit.setToolTip(
+        self.browse_button = button("…", "Choose the script", self._browse)
+        self.args_edit = line_edit(
+            "The script's other arguments (shell syntax)", placeholder="--epochs 1"
+        )
+        self.batch_edit = line_edit(
             "The script's batch-size option: its value is replaced in the arguments of "
-            "each trial, or appended"
+            "each trial, or appended",
+            "--batch-size",
         )
-        self.min_spin = QSpinBox()
-        self.max_spin = QSpinBox()
-        for spin, value in ((self.min_spin, 1), (self.max_spin, 4096)):
-            spin.setRange(1, 1 << 20)
-            spin.setValue(value)
-        self.min_spin.setToolTip("Smallest batch size to try (the first trial)")
-        self.max_spin.setToolTip("Largest batch size the search may recommend")
-        self.device_combo = QComboBox()
-        self.device_combo.addItems(["cpu", *nvml.cuda_devices()])
-        self.device_combo.setToolTip(
+        self.min_spin = spin_box("Smallest batch size to try (the first trial)", 1, 1 << 20, 1)
+        self.max_spin = spin_box("Largest batch size the search may recommend", 1, 1 << 20, 4096)
+        self.device_combo = combo_box(
             "Whose memory the budget is on: cpu (the trial's peak RSS, as the kernel counts "
-            "it) or a CUDA device (the allocator's peak reserved bytes)"
+            "it) or a CUDA device (the allocator's peak reserved bytes)",
+            ["cpu", *nvml.cuda_devices()],
         )
         self.device_combo.currentTextChanged.connect(self._default_budget)
-        self.budget_edit = QLineEdit()
-        self.budget_edit.setToolTip(
+        self.budget_edit = line_edit(
             "Memory a trial may use: 6 GiB, 512 MiB, … (default: half of the RAM available "
             "now on CPU, the device's free memory on CUDA). A CPU trial that crosses it is "
             "stopped and counted as out of memory."
         )
-        self.headroom_edit = QLineEdit()
-        self.headroom_edit.setPlaceholderText("default")
-        self.headroom_edit.setToolTip(
+        self.headroom_edit = line_edit(
             "Kept free below the budget: 10% or a size (default 10% on CPU, max(10%, "
-            "1 GiB) on CUDA). The recommendation's peak stays under budget minus headroom."
+            "1 GiB) on CUDA). The recommendation's peak stays under budget minus headroom.",
+            placeholder="default",
         )
-        self.rounding_combo = QComboBox()
-        for label, value in (
-            ("none", "none"),
-            ("multiple of 8", "multiple8"),
-            ("power of 2", "pow2"),
-        ):
-            self.rounding_combo.addItem(label, value)
-        self.rounding_combo.setToolTip("Round the recommendation down")
-        self.steps_spin = QSpinBox()
-        self.steps_spin.setRange(1, 1000)
-        self.steps_spin.setValue(3)
-        self.steps_spin.setToolTip("Training steps measured per trial, after one warm-up step")
-        self.predict_check = QCheckBox("Predict first with a fake step")
-        self.predict_check.setChecked(True)
-        self.predict_check.setToolTip(
+        self.rounding_combo = combo_box(
+            "Round the recommendation down",
+            [("none", "none"), ("multiple of 8", "multiple8"), ("power of 2", "pow2")],
+        )
+        self.steps_spin = spin_box(
+            "Training steps measured per trial, after one warm-up step", 1, 1000, 3
+        )
+        self.predict_check = check_box(
+            "Predict first with a fake step",
             "Run one training step per size under FakeTensorMode before any trial: tensors "
             "without data, so a step at batch 4096 allocates nothing and takes a moment. "
             "The memory model then needs three real trials after the first, where probing "
             "takes six or seven. A value read before the first backward (.item()) is given a "
             "stand-in (1, 1.0, False) and said as a caveat; a shape that depends on values "
-            "(a boolean mask) cannot be predicted: the search then probes, and says why."
+            "(a boolean mask) cannot be predicted: the search then probes, and says why.",
+            checked=True,
         )
-        self.ranks_spin = QSpinBox()
-        self.ranks_spin.setRange(1, 256)
-        self.ranks_spin.setSpecialValueText("1 (the script alone)")
-        self.ranks_spin.setToolTip(
+        self.ranks_spin = spin_box(
             "Run each trial as a torchrun job of this many processes on this machine "
             "(DistributedDataParallel): the batch size is per rank, and every rank must "
-            "fit (on cpu, all of them together in the budget; on CUDA, each rank's device)"
+            "fit (on cpu, all of them together in the budget; on CUDA, each rank's device)",
+            1,
+            256,
+            1,
+            special="1 (the script alone)",
         )
-        self.start_button = QPushButton("Start")
-        self.start_button.setToolTip("Start the search (Ctrl+Return)")
-        self.start_button.setShortcut("Ctrl+Return")
-        self.start_button.clicked.connect(self.start)
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setToolTip("Stop the search and the running trial now")
-        self.cancel_button.clicked.connect(self.cancel)
+        self.start_button = button(
+            "Start", "Start the search (Ctrl+Return)", self.start, shortcut="Ctrl+Return"
+        )
+        self.cancel_button = button(
+            "Cancel", "Stop the search and the running trial now", self.cancel
+        )
         self.progress = QProgressBar()
         self.progress.setTextVisible(True)
         self.progress.setFormat("")
@@ -199,15 +179,15 @@ class TunePanel(JobPanel):
         self.table.setSelectionBehavior(QTableWidget.SelectRows)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(False)
-        self.use_button = QPushButton("Use this batch size")
-        self.use_button.setToolTip("Put the recommended size into the run's arguments")
-        self.use_button.clicked.connect(self._use)
-        self.copy_button = QPushButton("Copy command")
-        self.copy_button.setToolTip("Copy the command line with the recommended size")
-        self.copy_button.clicked.connect(self._copy)
-        self.export_button = QPushButton("Export…")
-        self.export_button.setToolTip("Save the plot (PNG) and the search (JSON, CSV)")
-        self.export_button.clicked.connect(self._export_dialog)
+        self.use_button = button(
+            "Use this batch size", "Put the recommended size into the run's arguments", self._use
+        )
+        self.copy_button = button(
+            "Copy command", "Copy the command line with the recommended size", self._copy
+        )
+        self.export_button = button(
+            "Export…", "Save the plot (PNG) and the search (JSON, CSV)", self._export_dialog
+        )
         self.headline = QLabel()
         self.headline.setWordWrap(True)
         self.headline.setTextFormat(Qt.RichText)
