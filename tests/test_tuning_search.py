@@ -348,6 +348,8 @@ def test_a_script_that_ignores_the_batch_option_gets_no_recommendation():
     assert result.effect.value == "none" and result.recommended is None
     first = result.explain("--batch-size")[0]
     assert "does not seem to read --batch-size" in first and "recommended" not in first
+    # What a user asks next: whether the largest size can run at all.
+    assert "every run of 4096 stayed under the limit" in first
     assert len(result.trials) <= 7, script.calls
 
 

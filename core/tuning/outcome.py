@@ -156,11 +156,19 @@ class TuneResult:
         the terminal, the Tune panel and a notebook all show."""
         count = f"{len(self.trials)} trials, {self.ooms} out of memory"
         if self.effect is BatchEffect.NONE:
+            # Whether the range's top fitted is what a user asks next: a script that does
+            # read the option, by a few KiB a sample, can run at that size.
+            top = [t for t in self.trials if t.batch_size == self.maximum]
+            fitted = (
+                f"; every run of {self.maximum} stayed under the limit"
+                if top and all(t.fits(self.limit_bytes) for t in top)
+                else ""
+            )
             lines = [
                 f"no recommendation: the script does not seem to read {option} (or its "
                 f"samples are too small to show): its peak changed by {_bytes(self.growth)} "
-                f"from {self.minimum} to {self.maximum}, within the noise of identical runs "
-                f"({count})"
+                f"from {self.minimum} to {self.maximum}, within the noise of identical runs"
+                f"{fitted} ({count})"
             ]
         elif self.effect is BatchEffect.NEGLIGIBLE:
             per = self.fit.slope if self.fit is not None else 0.0
