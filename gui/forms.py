@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from PySide6.QtWidgets import QCheckBox, QComboBox, QLineEdit, QPushButton, QSpinBox
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QHeaderView,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+)
 
 
 def button(text: str, tip: str, clicked: Callable[[], object], shortcut: str = "") -> QPushButton:
@@ -53,6 +61,25 @@ def combo_box(tip: str, items: Iterable[str | tuple[str, object]]) -> QComboBox:
             widget.addItem(item)
     widget.setToolTip(tip)
     return widget
+
+
+def read_only_table(
+    columns: list[str], tips: Iterable[str] = (), stretch: int | None = None
+) -> QTableWidget:
+    """A table of results the user reads but does not edit: ``columns`` as headers (with
+    ``tips``, one a column), no row numbers, columns as wide as their contents, and
+    column ``stretch`` taking the room left."""
+    table = QTableWidget(0, len(columns))
+    table.setHorizontalHeaderLabels(columns)
+    for col, tip in enumerate(tips):
+        table.horizontalHeaderItem(col).setToolTip(tip)
+    table.verticalHeader().setVisible(False)
+    table.setEditTriggers(QTableWidget.NoEditTriggers)
+    header = table.horizontalHeader()
+    header.setSectionResizeMode(QHeaderView.ResizeToContents)
+    if stretch is not None:
+        header.setSectionResizeMode(stretch, QHeaderView.Stretch)
+    return table
 
 
 def check_box(text: str, tip: str, checked: bool = False) -> QCheckBox:

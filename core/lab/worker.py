@@ -28,6 +28,7 @@ import sys
 from typing import Any
 
 from torchmem.lab.measure import Job, Row, measure
+from torchmem.sources.children import signal_name
 
 
 def measure_in_child(job: Job) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def measure_in_child(job: Job) -> dict[str, Any]:
         return json.loads(b"".join(chunks))
     except ValueError:
         code = os.waitstatus_to_exitcode(status)
-        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        how = f"signal {signal_name(code)}" if code < 0 else f"exit code {code}"
         row = Row(job.op, job.size, job.dtype, job.device)
         row.error = f"the measurement's process died ({how}) before it reported"
         return row.to_json()

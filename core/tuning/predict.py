@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchmem.sources.children import signal_tree
+from torchmem.sources.children import end_tree
 from torchmem.tuning.model import Fit, fit_peaks
 from torchmem.tuning.search import TuneCancelled
 from torchmem.tuning.trial import TrialPlan, start_child
@@ -168,11 +167,8 @@ def _wait(proc: subprocess.Popen[bytes], cancel: threading.Event) -> int | None:
             if cancel.is_set():
                 raise TuneCancelled()
             if time.monotonic() > deadline:
-                signal_tree(proc.pid, signal.SIGKILL)
-                proc.wait()
+                end_tree(proc, grace_s=0)
                 return None
     except BaseException:
-        if proc.poll() is None:
-            signal_tree(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_tree(proc, grace_s=0)  # nothing to do for a child that has ended
         raise

@@ -452,10 +452,8 @@ def worst_rank_peak(peaks: dict[str, Any], device: str) -> int | None:
     kind = device.partition(":")[0]
     values = [
         int(v)
-        for key, v in peaks.items()
-        if is_rank_scope(split_device(key)[0])
-        and split_device(key)[1].partition(":")[0] == kind
-        and isinstance(v, (int, float))
+        for (scope, name), v in ((split_device(key), v) for key, v in peaks.items())
+        if is_rank_scope(scope) and name.partition(":")[0] == kind and isinstance(v, (int, float))
     ]
     return max(values) if values else None
 

@@ -9,15 +9,14 @@ from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from torchmem.events import CensusTaken
+from torchmem.gui.forms import read_only_table
 from torchmem.record.census_diff import diff_by_name
 from torchmem.tensors.model import KIND_LABELS
 from torchmem.units import format_bytes
@@ -58,14 +57,8 @@ class CensusDiffDialog(QDialog):
         pick.addWidget(self.after, 1)
         self.summary = QLabel()
         self.summary.setWordWrap(True)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.verticalHeader().hide()
-        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table = read_only_table(COLUMNS, stretch=1)
         self.table.setSortingEnabled(False)
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeToContents)
-        header.setSectionResizeMode(1, QHeaderView.Stretch)
         buttons = QDialogButtonBox(QDialogButtonBox.Close)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)

@@ -10,15 +10,14 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFormLayout,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QPushButton,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
+from torchmem.gui.forms import read_only_table
 from torchmem.leaks.oom import OomReport
 from torchmem.tensors.model import KIND_LABELS
 from torchmem.units import format_bytes
@@ -79,19 +78,14 @@ class OomDialog(QDialog):
             by_kind.setWordWrap(True)
             figures.addRow("Tensors by kind:", by_kind)
 
-        self.table = QTableWidget(len(report.largest), 3)
-        self.table.setHorizontalHeaderLabels(["Size", "Tensor", "Kind"])
-        self.table.verticalHeader().hide()
-        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table = read_only_table(["Size", "Tensor", "Kind"], stretch=1)
+        self.table.setRowCount(len(report.largest))
         for r, (name, kind, nbytes) in enumerate(report.largest):
             size = QTableWidgetItem(format_bytes(nbytes))
             size.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
             self.table.setItem(r, 0, size)
             self.table.setItem(r, 1, QTableWidgetItem(name))
             self.table.setItem(r, 2, QTableWidgetItem(KIND_LABELS.get(kind, kind)))
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeToContents)
-        header.setSectionResizeMode(1, QHeaderView.Stretch)
         where = (
             "Largest storages when it failed (a census of the error's frames):"
             if report.census_trigger == "oom"

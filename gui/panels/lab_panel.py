@@ -15,23 +15,27 @@ from pathlib import Path
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QListWidget,
     QListWidgetItem,
     QProgressBar,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
-from torchmem.gui.forms import button, check_box, combo_box, line_edit, spin_box
+from torchmem.gui.forms import (
+    button,
+    check_box,
+    combo_box,
+    line_edit,
+    read_only_table,
+    spin_box,
+)
 from torchmem.gui.panels.job_panel import JobPanel
 from torchmem.gui.theme import follow_palette
 from torchmem.gui.workers import Worker
@@ -144,7 +148,10 @@ class LabPanel(JobPanel):
             checked=True,
         )
         self.run_button = button(
-            "Run", "Measure every chosen operation at every size (Ctrl+Return)", self.start
+            "Run",
+            "Measure every chosen operation at every size (Ctrl+Return)",
+            self.start,
+            shortcut="Ctrl+Return",
         )
         self.cancel_button = button(
             "Cancel", "Stop now, ending the measurement in flight", self.cancel
@@ -152,7 +159,6 @@ class LabPanel(JobPanel):
         self.export_button = button(
             "Export…", "Save the table as CSV or the plots as PNG", self._export_dialog
         )
-        QShortcut(QKeySequence("Ctrl+Return"), self, self.start)
         self.progress = QProgressBar()
         self.progress.setFormat("")
         self.status.setText("Choose operations and sizes, then Run.")
@@ -192,14 +198,8 @@ class LabPanel(JobPanel):
             plot.getAxis("left").enableAutoSIPrefix(False)  # "(x0.001)" on a log axis
             plot.addLegend(offset=(5, 5), labelTextSize="8pt")
         follow_palette(self.plots)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        for col, tip in enumerate(TOOLTIPS):
-            self.table.horizontalHeaderItem(col).setToolTip(tip)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table = read_only_table(COLUMNS, TOOLTIPS)
         self.table.currentCellChanged.connect(self._explain_row)
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
         self.table.setAlternatingRowColors(True)
         right = QSplitter(Qt.Vertical)
         right.addWidget(self.plots)

@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QFrame,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QProgressBar,
     QScrollArea,
@@ -35,7 +34,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from torchmem.gui.forms import button, check_box, combo_box, line_edit, spin_box
+from torchmem.gui.forms import (
+    button,
+    check_box,
+    combo_box,
+    line_edit,
+    read_only_table,
+    spin_box,
+)
 from torchmem.gui.panels.job_panel import JobPanel
 from torchmem.gui.plots.tune_plot import FAIL_COLOR, TunePlot
 from torchmem.gui.tune_worker import TuneWorker
@@ -172,12 +178,8 @@ class TunePanel(JobPanel):
         self.plot = TunePlot()
 
     def _build_table(self) -> None:
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table = read_only_table(COLUMNS)
         self.table.setSelectionBehavior(QTableWidget.SelectRows)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(False)
         self.use_button = button(
             "Use this batch size", "Put the recommended size into the run's arguments", self._use
