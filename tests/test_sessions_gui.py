@@ -108,6 +108,10 @@ def test_two_recorded_runs_open_side_by_side(qtbot, make_window, script_path):
     names = [compare.table.item(r, 0).text() for r in range(2)]
     assert all(n.startswith("train_steps.py") for n in names)
     assert names[0] != names[1], "two runs of one script are told apart (by date here)"
+    columns = range(compare.table.columnCount())
+    assert all(compare.table.horizontalHeaderItem(c).toolTip() for c in columns), (
+        "every column says what its figure is"
+    )
     assert compare.series_combo.count() >= 1
     curves = compare.plot.getPlotItem().listDataItems()
     assert len(curves) == 2 and all(len(c.getData()[0]) > 0 for c in curves)

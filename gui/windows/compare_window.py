@@ -11,15 +11,14 @@ from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
+from torchmem.gui.forms import read_only_table
 from torchmem.gui.theme import follow_palette
 from torchmem.record.compare import CompareRow, aligned, common_keys, compare_row, run_labels
 from torchmem.record.replay import Recording
@@ -66,9 +65,6 @@ class CompareWindow(QDialog):
         self.plot.showGrid(x=True, y=True, alpha=0.25)
         follow_palette(self.plot)  # the application's light or dark palette
         self.plot.addLegend(offset=(10, 10))
-        self.table = QTableWidget()
-        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
-        self.table.verticalHeader().hide()
         self._fill_table()
 
         splitter = QSplitter(Qt.Vertical)
@@ -95,8 +91,20 @@ class CompareWindow(QDialog):
         headers = ["Run", "Recorded", "Ended", "Duration", "Steps", "Step time"]
         headers += [f"Peak {'RSS' if d == 'cpu_rss' else d}" for d in devices]
         headers += ["Alerts", "Allocator settings"]
-        self.table.setColumnCount(len(headers))
-        self.table.setHorizontalHeaderLabels(headers)
+        tips = [
+            "The recording's file name (hover a name for its path)",
+            "When the run was recorded",
+            "How the run ended",
+            "Wall time from the first sample to the last",
+            "Training steps the run reported",
+            "Median time of one step, the first left out (it warms caches up)",
+        ]
+        tips += [f"Highest {d} reading of the run (change from the first run)" for d in devices]
+        tips += [
+            "Memory alerts raised",
+            "The allocator variables (PYTORCH_*_ALLOC_CONF) the run started with",
+        ]
+        self.table = read_only_table(headers, tips, stretch=len(headers) - 1)
         self.table.setRowCount(len(self.rows))
         first = self.rows[0] if self.rows else None
         for r, row in enumerate(self.rows):
@@ -122,9 +130,6 @@ class CompareWindow(QDialog):
                 elif c >= 3 and c < len(cells) - 1:
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 self.table.setItem(r, c, item)
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeToContents)
-        header.setStretchLastSection(True)
         self.table.setToolTip("Peaks of the later runs also read as a change from the first run's")
 
     @Slot()
