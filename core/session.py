@@ -383,6 +383,12 @@ def scope_order(scope: str) -> tuple[bool, bool, list[Any]]:
     return scope == TOTAL_SCOPE, is_node_scope(scope), parts
 
 
+def peak_label(key: str) -> str:
+    """How a :meth:`Session.peak_bytes` key reads to a user: ``cpu_rss`` is "RSS", a
+    device keeps its name."""
+    return "RSS" if key == "cpu_rss" else key
+
+
 def _scope_order(key: str) -> tuple[bool, list[Any]]:
     """Sort key of a summary's peak (``rank2/cpu_rss``): rank 2 before rank 10, a job's
     total last."""

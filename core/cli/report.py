@@ -23,6 +23,7 @@ from torchmem.record.replay import Recording, load
 from torchmem.record.store import RecordError
 from torchmem.report.recorded import export_csv, recorded_summary
 from torchmem.report.summary import write_summary
+from torchmem.session import peak_label
 from torchmem.units import format_bytes, format_duration
 
 
@@ -116,8 +117,7 @@ def _text(recording: Recording, data: dict[str, Any]) -> str:
     if allocator:
         lines.append("Allocator " + ", ".join(f"{k}={v}" for k, v in allocator.items()))
     for key, value in data["peak_bytes"].items():
-        label = "RSS" if key == "cpu_rss" else key
-        lines.append(f"Peak      {label}: {format_bytes(value)}")
+        lines.append(f"Peak      {peak_label(key)}: {format_bytes(value)}")
     if data.get("peak_rss_bytes"):
         kernel = format_bytes(data["peak_rss_bytes"])
         lines.append(f"Peak      RSS as the kernel counts it: {kernel}")
@@ -200,7 +200,7 @@ def compare(paths: list[str], as_json: bool) -> int:
     devices = sorted({d for row in rows for d in row.peaks})
     name_width = max(len(row.name) for row in rows)
     header = f"{'RUN':<{name_width}}  {'ENDED':<18} {'DURATION':>9} {'STEPS':>7} {'STEP':>9}"
-    header += "".join(f" {('PEAK ' + ('RSS' if d == 'cpu_rss' else d)):>20}" for d in devices)
+    header += "".join(f" {'PEAK ' + peak_label(d):>20}" for d in devices)
     print(header + "  ALERTS  ALLOCATOR")
     first = rows[0]
     for row in rows:

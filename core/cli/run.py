@@ -28,7 +28,7 @@ from torchmem.probe.runner import EXIT_STOPPED
 from torchmem.record.recorder import start_recording
 from torchmem.record.store import RecordError
 from torchmem.report.summary import build_summary, step_time, write_summary
-from torchmem.session import Session
+from torchmem.session import Session, peak_label
 from torchmem.sources.base import Script
 from torchmem.sources.inprocess import InProcessSource
 from torchmem.units import format_bytes
@@ -85,8 +85,7 @@ def _tell(
         sys.stderr.write(result.traceback)
     if not quiet or result.status is not RunStatus.FINISHED:
         peaks = ", ".join(
-            f"{'RSS' if k == 'cpu_rss' else k} {format_bytes(v)}"
-            for k, v in data["peak_bytes"].items()
+            f"{peak_label(k)} {format_bytes(v)}" for k, v in data["peak_bytes"].items()
         )
         sys.stderr.write(
             f"torchmem: {result.message} (exit code {result.exit_code}) after "

@@ -24,6 +24,7 @@ from torchmem.record.compare import CompareRow, aligned, common_keys, compare_ro
 from torchmem.record.replay import Recording
 from torchmem.report.recorded import recorded_summary
 from torchmem.series import series_label
+from torchmem.session import peak_label
 from torchmem.units import UNITS, auto_unit, format_bytes, format_duration
 
 #: One color per run, in order (colour-blind safe: Okabe-Ito).
@@ -65,7 +66,7 @@ class CompareWindow(QDialog):
         self.plot.showGrid(x=True, y=True, alpha=0.25)
         follow_palette(self.plot)  # the application's light or dark palette
         self.plot.addLegend(offset=(10, 10))
-        self._fill_table()
+        self._build_table()
 
         splitter = QSplitter(Qt.Vertical)
         top = QWidget()
@@ -86,25 +87,32 @@ class CompareWindow(QDialog):
         self.axis_combo.currentIndexChanged.connect(lambda _i: self.redraw())
         self.redraw()
 
-    def _fill_table(self) -> None:
+    def _build_table(self) -> None:
         devices = sorted({d for row in self.rows for d in row.peaks})
-        headers = ["Run", "Recorded", "Ended", "Duration", "Steps", "Step time"]
-        headers += [f"Peak {'RSS' if d == 'cpu_rss' else d}" for d in devices]
-        headers += ["Alerts", "Allocator settings"]
-        tips = [
-            "The recording's file name (hover a name for its path)",
-            "When the run was recorded",
-            "How the run ended",
-            "Wall time from the first sample to the last",
-            "Training steps the run reported",
-            "Median time of one step, the first left out (it warms caches up)",
+        columns = [
+            ("Run", "The recording's file name (hover a name for its path)"),
+            ("Recorded", "When the run was recorded"),
+            ("Ended", "How the run ended"),
+            ("Duration", "Wall time from the first sample to the last"),
+            ("Steps", "Training steps the run reported"),
+            ("Step time", "Median time of one step, the first left out (it warms caches up)"),
         ]
-        tips += [f"Highest {d} reading of the run (change from the first run)" for d in devices]
-        tips += [
-            "Memory alerts raised",
-            "The allocator variables (PYTORCH_*_ALLOC_CONF) the run started with",
+        columns += [
+            (
+                f"Peak {peak_label(d)}",
+                f"Highest {peak_label(d)} reading of the run (change from the first run)",
+            )
+            for d in devices
         ]
-        self.table = read_only_table(headers, tips, stretch=len(headers) - 1)
+        columns += [
+            ("Alerts", "Memory alerts raised"),
+            (
+                "Allocator settings",
+                "The allocator variables (PYTORCH_*_ALLOC_CONF) the run started with",
+            ),
+        ]
+        headers, tips = zip(*columns, strict=True)
+        self.table = read_only_table(list(headers), tips, stretch=len(columns) - 1)
         self.table.setRowCount(len(self.rows))
         first = self.rows[0] if self.rows else None
         for r, row in enumerate(self.rows):
