@@ -84,6 +84,11 @@ PRECISION = 0.03
 #: When the batch adds less than this share of the first size's peak over the probes,
 #: the first size's own noise matters: it is run again.
 SMALL_GROWTH = 0.1
+#: A growth probe never jumps past where the steepest slope the runs allow (their rise
+#: plus the noise, over the sizes between) fills this share of the room: a 16x jump out
+#: of the noise from 32 landed at 512, twice the limit, and the bisection back cost two
+#: trials over the limit and often five more.
+LEAP_SHARE = 2 / 3
 
 Measure = Callable[[int, str, "float | None"], Trial]
 
@@ -431,10 +436,26 @@ class BatchSearch(Evidence):
                     nxt = b * 16
                 else:
                     nxt = max(b * 2, min(nxt, b * 8))
+            if b >= 16 * self.minimum:  # below, a jump covers a few samples whatever it costs
+                # At least a doubling: where the noise dwarfs the room, the steepest slope
+                # is all noise, and probes crept up by 5% a trial.
+                nxt = min(nxt, max(self._safe_leap(last, base), 2 * b))
             nxt = min(max(nxt, b + 1), self.maximum)
             last = self._run(nxt, "probe")
             if not last.ok and not last.oom:
                 raise TuneError(f"the trial at batch size {nxt} failed: {last.message}")
+
+    def _safe_leap(self, last: Trial, base: float) -> int:
+        """The largest size the next probe may take: where the steepest slope that ``last``
+        and the noise allow reaches :data:`LEAP_SHARE` of the room above ``base`` (a peak
+        read low by the noise hides up to three sd of growth; before any repeat, a tenth
+        of the smallest size's peak)."""
+        noise = self.noise
+        slack = 3 * noise.sigma if noise.measured else SMALL_GROWTH * base
+        rise = max(float(last.peak_bytes or 0) - base, 0.0) + slack
+        steepest = rise / max(last.batch_size - self.minimum, 1)
+        reach = (self.limit - base) * LEAP_SHARE / steepest if steepest > 0 else math.inf
+        return int(min(self.minimum + reach, self.maximum))
 
     def _grown_beyond(self, last: Trial, enough: float) -> bool:
         """True when ``last``'s peak is past ``enough`` and, once noise was measured, three
@@ -466,18 +487,7 @@ class BatchSearch(Evidence):
         """The model's largest size under the limit, within the range and below a failure."""
         fit = self.fit
         good = self.good or self.minimum
-        # Aim a little under the limit, by the fit's own scatter (2-4%): a prediction that
-        # lands just over it, or within the noise margin of it, costs more trials; one
-        # just under costs 2% of the size.
-        margin = (
-            max(
-                min(max(2 * fit.rms_residual, PREDICT_MARGIN * self.limit), 0.04 * self.limit),
-                self.noise.margin,
-            )
-            if fit is not None
-            else 0.0
-        )
-        aim = fit.largest_under(self.limit - margin) if fit is not None else None
+        aim = fit.largest_under(self.limit - self._aim_margin()) if fit is not None else None
         if aim is None:
             self._note(
                 "peak memory did not grow with the batch size in these trials: the "
@@ -487,6 +497,16 @@ class BatchSearch(Evidence):
         upper = self.failed
         ceiling = min(self.maximum, upper - 1 if upper is not None else self.maximum)
         return max(good, min(int(aim), ceiling))
+
+    def _aim_margin(self) -> float:
+        """How far under the limit a predicted or cut size aims: by the fit's own scatter
+        (2-4% of the limit), or the noise margin once repeats measured it. A size that
+        lands just over the limit, or within the noise of it, costs more trials; one just
+        under costs 2% of the size."""
+        fit = self.fit
+        scatter = 2 * fit.rms_residual if fit is not None else 0.0
+        spread = min(max(scatter, PREDICT_MARGIN * self.limit), 0.04 * self.limit)
+        return max(spread, self.noise.margin)
 
     def _verify(self, batch: int) -> None:
         """Run the predicted size; refit and predict again on a miss. Once a size failed
@@ -510,8 +530,10 @@ class BatchSearch(Evidence):
             failed = self.failed
             good = self.good or self.minimum
             if failed is not None:
-                if failed - good <= max(1, VERIFY_TOLERANCE * good) or self._within_noise(
-                    good, failed
+                if (
+                    failed - good <= max(1, VERIFY_TOLERANCE * good)
+                    or self._within_noise(good, failed)
+                    or self._at_limit(good)
                 ):
                     return
                 batch = self._between(good, failed)
@@ -536,6 +558,17 @@ class BatchSearch(Evidence):
         within = max(noise.spread, 3 * noise.sigma) if noise.measured else 0.03 * self.limit
         return max(high) - sum(low) / len(low) <= within
 
+    def _at_limit(self, good: int) -> bool:
+        """True when ``good``'s peak is already within the noise of the limit: a larger
+        size cannot be accepted with the margin a recommendation keeps, so a cut above it
+        only adds a trial over the limit (one read 240 of 240 MiB, then cut to 371)."""
+        peaks = self._peaks(good)
+        if not peaks:
+            return False
+        noise = self.noise
+        within = max(noise.spread, 3 * noise.sigma) if noise.measured else 0.03 * self.limit
+        return max(peaks) >= self.limit - within
+
     def _between(self, good: int, failed: int) -> int:
         """Where to cut between a size that fitted and one that did not: where the line
         through their measured peaks meets the limit (when both peaks are known), else
@@ -545,7 +578,10 @@ class BatchSearch(Evidence):
         low, high = by_size[good].peak_bytes, by_size[failed].peak_bytes
         said = by_size[failed].predicted_bytes
         if low is not None and high is not None and high > low:
-            aim = good + (self.limit - low) / (high - low) * (failed - good)
+            # Where the line meets the limit less the margin: a cut aimed at the limit
+            # itself lands over it as often as under (241 failed at 249 MiB of 240, and
+            # the cut to 236 failed too).
+            aim = good + (self.limit - self._aim_margin() - low) / (high - low) * (failed - good)
         elif said is None or said > self.limit:
             aim = self._predict()
         else:
