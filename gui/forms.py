@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
+    QFrame,
     QHeaderView,
+    QLayout,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QTableWidget,
+    QWidget,
 )
 
 
@@ -88,3 +93,23 @@ def check_box(text: str, tip: str, checked: bool = False) -> QCheckBox:
     widget.setChecked(checked)
     widget.setToolTip(tip)
     return widget
+
+
+def scrolling_column(layout: QLayout) -> QScrollArea:
+    """``layout`` (a form and its buttons) as a column that scrolls below its height.
+
+    A dock holds the Tune and Lab panels as tabs of one area, whose height is the
+    largest of their minimums: a form laid out at its full height made the area taller
+    than the window could give, and Qt clipped the other tab (the Tune panel's Start
+    button was cut off below the dock)."""
+    inner = QWidget()
+    inner.setLayout(layout)
+    column = QScrollArea()
+    column.setWidget(inner)
+    column.setWidgetResizable(True)
+    column.setFrameShape(QFrame.NoFrame)
+    column.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+    # It scrolls down, never sideways: as wide as the form, and its scroll bar.
+    width = inner.minimumSizeHint().width() + column.verticalScrollBar().sizeHint().width()
+    column.setMinimumWidth(width)
+    return column

@@ -6,6 +6,7 @@ import csv
 
 import psutil
 import pytest
+from PySide6.QtWidgets import QApplication, QScrollArea
 
 from torchmem.gui.panels.lab_panel import LabPanel
 
@@ -118,3 +119,46 @@ def test_the_window_opens_the_lab_from_the_memory_menu(qtbot, make_window):
     assert window.panels.lab.start()
     assert window.shutdown()  # closing waits for the lab's thread
     assert not window.panels.lab.running
+
+
+def test_the_lab_and_tune_tabs_fit_a_short_window_and_their_buttons_can_be_reached(
+    qtbot, make_window
+):
+    # The Lab's form at its full height made the tabbed dock area taller than a short
+    # window could give it, and Qt clipped the Tune tab: its Start button lay below the
+    # window's edge, out of reach.
+    window = make_window()
+    window.resize(1100, 640)
+    window.act_lab.trigger()
+    window.act_tune.trigger()
+    panels = window.panels
+    for dock, panel, action in (
+        (window.lab_dock, panels.lab, panels.lab.run_button),
+        (window.tune_dock, panels.tune, panels.tune.start_button),
+    ):
+        dock.raise_()
+        qtbot.waitUntil(lambda p=panel: p.isVisible())
+        QApplication.processEvents()
+        columns = [a for a in panel.findChildren(QScrollArea) if a.isAncestorOf(action)]
+        for column in columns:  # scrolled to, as a user would
+            column.ensureWidgetVisible(action)
+        QApplication.processEvents()
+        # The button is drawn inside its dock, and the dock inside the window.
+        corner = action.mapTo(window, action.rect().bottomRight())
+        assert dock.geometry().contains(corner), (panel, dock.geometry(), corner)
+        assert dock.geometry().bottom() <= window.statusBar().geometry().top()
+        # Every field of the form is as wide as it asks to be: nothing cut at the right.
+        for column in columns:
+            assert column.viewport().width() >= column.widget().minimumSizeHint().width()
+
+
+def test_the_empty_plots_frame_the_sizes_and_several_decades(qtbot, panel):
+    # Before a run, a log axis spanning one decade labelled its 2..9 on top of each other.
+    panel.show()
+    qtbot.waitExposed(panel)
+    for plot in (panel.memory_plot, panel.time_plot):
+        (x_low, x_high), (y_low, y_high) = plot.viewRange()
+        assert y_high - y_low >= 3  # decades: 10^-1 .. 10^3 MiB, 10 us .. 1 s
+        ticks = plot.getAxis("bottom")._tickLevels[0]
+        assert [label for _, label in ticks] == ["256", "1,024", "2,048"]
+        assert x_low < 2.41 < 3.31 < x_high  # log10 of 256 and 2048 in view

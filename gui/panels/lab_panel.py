@@ -34,6 +34,7 @@ from torchmem.gui.forms import (
     combo_box,
     line_edit,
     read_only_table,
+    scrolling_column,
     spin_box,
 )
 from torchmem.gui.panels.job_panel import JobPanel
@@ -179,8 +180,7 @@ class LabPanel(JobPanel):
         left.addLayout(form, 1)
         left.addLayout(buttons)
         left.addWidget(self.progress)
-        form_box = QWidget()
-        form_box.setLayout(left)
+        form_box = scrolling_column(left)
 
         self.plots = pg.GraphicsLayoutWidget()
         self.memory_plot = self.plots.addPlot(title="Peak extra memory")
@@ -198,6 +198,11 @@ class LabPanel(JobPanel):
             plot.getAxis("left").enableAutoSIPrefix(False)  # "(x0.001)" on a log axis
             plot.addLegend(offset=(5, 5), labelTextSize="8pt")
         follow_palette(self.plots)
+        # Empty, a log axis spans one decade and labels its 2..9 on top of each other:
+        # frame the default sizes and a few decades of memory and time instead.
+        self._frame_sizes({256, 1024, 2048})
+        self.memory_plot.setYRange(-1, 3)  # 0.1 MiB to 1 GiB
+        self.time_plot.setYRange(-5, 0)  # 10 us to 1 s
         self.table = read_only_table(COLUMNS, TOOLTIPS)
         self.table.currentCellChanged.connect(self._explain_row)
         self.table.setAlternatingRowColors(True)
@@ -213,6 +218,14 @@ class LabPanel(JobPanel):
         layout = QVBoxLayout(self)
         layout.addWidget(body, 1)
         layout.addWidget(self.status)
+
+    def _frame_sizes(self, sizes: set[int]) -> None:
+        """Ticks at ``sizes``, not at every log decade's 2..9, and the x range around them."""
+        ticks = [[(math.log10(n), f"{n:,}") for n in sorted(sizes)]]
+        low, high = math.log10(min(sizes)), math.log10(max(sizes))
+        for plot in (self.memory_plot, self.time_plot):
+            plot.getAxis("bottom").setTicks(ticks)
+            plot.setXRange(low - 0.1, high + 0.1)
 
     # -- the form -------------------------------------------------------------------------------
     def chosen_ops(self) -> list[str]:
@@ -280,10 +293,7 @@ class LabPanel(JobPanel):
             if plot.legend is not None:
                 plot.legend.clear()
         self._curves.clear()
-        # Ticks at the sizes measured, not at every log decade's 2..9.
-        ticks = [[(math.log10(n), f"{n:,}") for n in sorted({j.size for j in self.jobs})]]
-        for plot in (self.memory_plot, self.time_plot):
-            plot.getAxis("bottom").setTicks(ticks)
+        self._frame_sizes({j.size for j in self.jobs})
         self.progress.setRange(0, len(self.jobs))
         self.progress.setValue(0)
         self.progress.setFormat(f"row 1 of {len(self.jobs)}")

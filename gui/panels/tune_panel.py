@@ -22,11 +22,9 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
-    QFrame,
     QHBoxLayout,
     QLabel,
     QProgressBar,
-    QScrollArea,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -40,6 +38,7 @@ from torchmem.gui.forms import (
     combo_box,
     line_edit,
     read_only_table,
+    scrolling_column,
     spin_box,
 )
 from torchmem.gui.panels.job_panel import JobPanel
@@ -223,15 +222,9 @@ class TunePanel(JobPanel):
         left.addWidget(self.progress)
         left.addWidget(self.status)
         left.addStretch(1)
-        form_widget = QWidget()
-        form_widget.setLayout(left)
         # A short dock squeezed the form's rows into each other: below their height it
         # scrolls instead.
-        left_widget = QScrollArea()
-        left_widget.setWidget(form_widget)
-        left_widget.setWidgetResizable(True)
-        left_widget.setFrameShape(QFrame.NoFrame)
-        left_widget.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        left_widget = scrolling_column(left)
         actions = QHBoxLayout()
         actions.addWidget(self.headline, 1)
         actions.addWidget(self.use_button)
