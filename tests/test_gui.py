@@ -439,6 +439,22 @@ def test_dense_markers_label_only_where_their_labels_have_room(qtbot, window):
     assert sum(v for v, _ in zoomed) >= 3 > shown_before and not overlapping(zoomed)
 
 
+def test_a_marker_label_is_drawn_over_the_traces(qtbot, window):
+    # A trace that came after the marker was drawn over its label ("epoch 2" read "epoch").
+    from torchmem.events import Marker, MarkerKind
+
+    session = window.session
+    session.submit(Sample(0.0, {"cpu/rss": 1e8}))
+    session.submit(Marker(0.5, MarkerKind.EPOCH, "epoch 2", 10))
+    session.submit(Sample(1.0, {"cpu/rss": 2e8, "cpu/uss": 1.5e8}))  # a trace after it
+    plot = window.plot
+    plot.refresh(force=True)
+    _, lines = plot.marks.markers[-1]
+    labelled = next(ln for ln in lines if getattr(ln, "label", None))
+    curves = plot.plots["host"].listDataItems()
+    assert curves and all(labelled.zValue() > c.zValue() for c in curves)
+
+
 def test_only_the_newest_marker_lines_are_kept(qtbot, window):
     from torchmem.events import Marker, MarkerKind
     from torchmem.gui.plots.plot_markers import MAX_MARKER_LINES

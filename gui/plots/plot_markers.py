@@ -19,6 +19,9 @@ from torchmem.session import Session
 MARKER_COLORS = {MarkerKind.EPOCH: "#e377c2", MarkerKind.USER: "#bcbd22"}
 #: Marker lines kept on the plots (the newest): thousands of lines would cost every frame.
 MAX_MARKER_LINES = 120
+#: Above the traces (pyqtgraph draws them at 0, the later over the earlier): a trace
+#: drawn across "epoch 2" hid the 2.
+LABEL_Z = 10
 #: Space kept between two marker labels (px).
 MARKER_LABEL_GAP_PX = 12
 #: The plot (of those given) whose lines carry the labels: the host plot.
@@ -97,6 +100,8 @@ class MarkerLines:
                 labelOpts={"position": position, "color": color, "movable": False},
             )
             line.setToolTip(tooltip)
+            if i == LABELLED:
+                line.setZValue(LABEL_Z)
             plot.addItem(line, ignoreBounds=True)
             lines.append(line)
         return lines
