@@ -648,3 +648,21 @@ def test_between_runs_the_recorder_keeps_only_the_newest_census_for_the_next_fil
     (path,) = tmp_path.glob("*.tmsession")
     assert [t.step for t in recorded_censuses(path)] == [49, 51]
     assert load(path).session.samples == 50
+
+
+def test_a_run_that_ended_as_the_window_closed_lists_with_its_end_peak_and_alerts(tmp_path):
+    """The window closed between a run's end and its own word that the run was over: the
+    file listed as "interrupted" with no peak and no alerts, while its report read the
+    run's end, its peak and its leak alert from the events."""
+    from torchmem.record.library import list_sessions
+    from torchmem.record.runs import RunRecorder
+    from torchmem.report.summary import run_summary
+
+    live = Session()
+    runs = RunRecorder(live, tmp_path, summarize=run_summary)
+    live.submit(RunStarted(0.0, "train.py", ()))
+    live.submit(Sample(0.5, {"cpu/rss": 1 << 30}))
+    live.submit(RunFinished(1.0, RunStatus.STOPPED, 130, "stopped by the user at step 137"))
+    runs.close()  # no end_run: the window was closing
+    (entry,) = list_sessions(tmp_path)
+    assert entry.status == "stopped" and entry.peak_bytes == 1 << 30

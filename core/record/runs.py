@@ -156,6 +156,12 @@ class RunRecorder:
         """Stop recording: the current file is closed as it is (marked complete only by a
         run's end), and every closing file is waited for."""
         self._unsubscribe()
+        if self._run_ended:
+            # The run's end is in the file, but the window closed before it said the run
+            # was over: the file ends as end_run would, with its summary. Closed as it
+            # was, it listed as "interrupted", no peak, no alerts, where its report said
+            # "stopped at step 137", 1.01 GiB and a leak.
+            self.end_run()
         with self._lock:
             recorder, self.current = self.current, None
         if recorder is not None:
