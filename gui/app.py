@@ -142,6 +142,9 @@ def main(opts: argparse.Namespace) -> int:
         screenshot_when_drawn(window, opts.screenshot, opts.screenshot_after)
     # Ctrl+C in the terminal closes the window cleanly instead of being ignored by Qt.
     signal.signal(signal.SIGINT, lambda *_: window.close())
+    # So does `kill PID` (a logout, a job scheduler's end): the run is stopped and its
+    # recording closed with its end, where SIGTERM's default left it read as a crash.
+    signal.signal(signal.SIGTERM, lambda *_: window.close())
     keepalive = QTimer()
     keepalive.timeout.connect(lambda: None)  # lets Python see the signal while Qt runs
     keepalive.start(250)

@@ -85,3 +85,28 @@ def test_an_isolated_child_never_outlives_its_window(tmp_path, runtime_dir, sig,
             window.stdout.close()
         if child is not None and _lives(child):
             child.kill()
+
+
+def test_kill_closes_the_window_as_ctrl_c_does_and_its_recording_ends_with_the_run(
+    tmp_path, runtime_dir, monkeypatch
+):
+    # SIGTERM (`kill PID`, a logout) ended the window at once: the recording of the run it
+    # was showing listed as "interrupted" and its report blamed kill -9 or a crash.
+    from torchmem.record.library import list_sessions
+
+    folder = tmp_path / "sessions"
+    monkeypatch.setenv("TORCHMEM_SESSIONS_DIR", str(folder))
+    window = _torchmem_window([str(SCRIPTS / "train_forever.py")], tmp_path)
+    try:
+        for line in window.stdout:  # the script's output is echoed to the terminal
+            if "training" in line:
+                break
+        window.send_signal(signal.SIGTERM)
+        assert window.wait(timeout=60) == 0
+    finally:
+        if window.poll() is None:
+            window.kill()
+            window.wait()
+        window.stdout.close()
+    (entry,) = list_sessions(folder)
+    assert entry.status == "stopped" and entry.samples > 0, (entry.status, entry.meta)
