@@ -59,7 +59,7 @@ def test_torchmem_run_torchrun_serves_every_rank_and_sums_them(runtime_dir, tmp_
     assert data["kind"] == "job" and data["steps"] >= 30, data["steps"]
     peaks = data["peak_bytes"]
     assert peaks["total/cpu_rss"] >= max(peaks["rank0/cpu_rss"], peaks["rank1/cpu_rss"])
-    assert "2 process(es) with torch" in proc.stderr
+    assert "2 processes with torch" in proc.stderr
 
 
 def test_attach_to_the_launcher_follows_both_ranks_and_survives_a_dead_rank(runtime_dir, tmp_path):

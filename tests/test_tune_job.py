@@ -130,7 +130,7 @@ def test_a_job_that_fails_in_its_launcher_says_the_launchers_error():
         "Traceback (most recent call last):\n"
         '  File "elastic/agent/server/api.py", line 900, in _invoke_run\n'
         "torch.distributed.elastic.rendezvous.api.RendezvousClosedError: the store closed\n"
-        "torchmem: torchrun… exited with code 1 after 3.1 s; 2 process(es) with torch\n"
+        "torchmem: torchrun… exited with code 1 after 3.1 s; 2 processes with torch\n"
     )
     trial = failed_job_trial(stderr, 3.1)
     assert not trial.ok and not trial.oom
@@ -147,7 +147,7 @@ def test_a_rank_that_dies_is_named_by_its_exception_not_by_torchruns_report():
         "  exitcode  : 1 (pid: 4242)\n"
         "  error_file: <N/A>\n"
         "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
-        "torchmem: torchrun… exited with code 1 after 3.7 s; 2 process(es) with torch\n"
+        "torchmem: torchrun… exited with code 1 after 3.7 s; 2 processes with torch\n"
     )
     trial = failed_job_trial(stderr, 3.7)
     assert "Connection closed by peer" in trial.message, trial.message

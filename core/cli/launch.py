@@ -126,7 +126,8 @@ def run_command(
         peaks = ", ".join(f"{k} {format_bytes(v)}" for k, v in data["peak_bytes"].items())
         sys.stderr.write(
             f"torchmem: {' '.join(command[:3])}… exited with code {code} after "
-            f"{data['duration_s']:.1f} s; {len(ranks)} process(es) with torch; peaks: "
+            f"{data['duration_s']:.1f} s; {len(ranks)} process{'es' * (len(ranks) != 1)} "
+            "with torch; peaks: "
             f"{peaks or 'none'}\n"
         )
     if summary_path and not write_summary(summary_path, data):

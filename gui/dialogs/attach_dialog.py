@@ -260,7 +260,7 @@ class AttachDialog(QDialog):
             f"No torch process of yours is running{where}. Start one with `torchmem run "
             "--attachable SCRIPT`, or add torchmem.serve() to a script."
         )
-        listed = f"{len(rows)} process(es){where}, {agents} with an agent."
+        listed = f"{len(rows)} process{'es' * (len(rows) != 1)}{where}, {agents} with an agent."
         if host and len(rows) > agents:
             listed += " Over SSH only processes with an agent can be attached to."
         self.status.setText(listed if rows else nothing)
