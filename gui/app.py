@@ -140,11 +140,11 @@ def main(opts: argparse.Namespace) -> int:
         window.load_script(script, list(opts.args), run=True, cwd=opts.cwd)
     if opts.screenshot:
         screenshot_when_drawn(window, opts.screenshot, opts.screenshot_after)
-    # Ctrl+C in the terminal closes the window cleanly instead of being ignored by Qt.
-    signal.signal(signal.SIGINT, lambda *_: window.close())
-    # So does `kill PID` (a logout, a job scheduler's end): the run is stopped and its
-    # recording closed with its end, where SIGTERM's default left it read as a crash.
-    signal.signal(signal.SIGTERM, lambda *_: window.close())
+    # Ctrl+C in the terminal closes the window cleanly instead of being ignored by Qt;
+    # so does `kill PID` (a logout, a scheduler's end): the run is stopped and its
+    # recording ends with it, where SIGTERM's default left it read as a crash.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: window.close())
     keepalive = QTimer()
     keepalive.timeout.connect(lambda: None)  # lets Python see the signal while Qt runs
     keepalive.start(250)

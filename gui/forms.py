@@ -98,10 +98,10 @@ def check_box(text: str, tip: str, checked: bool = False) -> QCheckBox:
 def scrolling_column(layout: QLayout) -> QScrollArea:
     """``layout`` (a form and its buttons) as a column that scrolls below its height.
 
-    A dock holds the Tune and Lab panels as tabs of one area, whose height is the
-    largest of their minimums: a form laid out at its full height made the area taller
-    than the window could give, and Qt clipped the other tab (the Tune panel's Start
-    button was cut off below the dock)."""
+    The Tune and Lab panels are tabs of one dock area, whose height is the largest of
+    their minimums: a form laid out at its full height (the Lab's asked for 373 px)
+    held the whole area at that height, and a short dock squeezed a form's rows into
+    each other."""
     inner = QWidget()
     inner.setLayout(layout)
     column = QScrollArea()

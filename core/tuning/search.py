@@ -430,9 +430,7 @@ class BatchSearch(Evidence):
                 # slope is a guess: jump 16x to get out of the noise. Once it shows, at
                 # most 8x: memory may grow faster than the line, which the fit sees from
                 # four sizes on.
-                growth = last.peak_bytes - base
-                noise = self.noise
-                if growth < (3 * noise.sigma if noise.measured else 0.1 * base):
+                if last.peak_bytes - base < self._hidden_growth(base):
                     nxt = b * 16
                 else:
                     nxt = max(b * 2, min(nxt, b * 8))
@@ -445,14 +443,18 @@ class BatchSearch(Evidence):
             if not last.ok and not last.oom:
                 raise TuneError(f"the trial at batch size {nxt} failed: {last.message}")
 
+    def _hidden_growth(self, base: float) -> float:
+        """How much growth the noise can hide above ``base``, the smallest size's peak:
+        three sd of identical runs; before any repeat, a tenth of ``base``."""
+        noise = self.noise
+        return 3 * noise.sigma if noise.measured else SMALL_GROWTH * base
+
     def _safe_leap(self, last: Trial, base: float) -> int:
         """The largest size the next probe may take: where the steepest slope that ``last``
         and the noise allow reaches :data:`LEAP_SHARE` of the room above ``base`` (a peak
         read low by the noise hides up to three sd of growth; before any repeat, a tenth
         of the smallest size's peak)."""
-        noise = self.noise
-        slack = 3 * noise.sigma if noise.measured else SMALL_GROWTH * base
-        rise = max(float(last.peak_bytes or 0) - base, 0.0) + slack
+        rise = max(float(last.peak_bytes or 0) - base, 0.0) + self._hidden_growth(base)
         steepest = rise / max(last.batch_size - self.minimum, 1)
         reach = (self.limit - base) * LEAP_SHARE / steepest if steepest > 0 else math.inf
         return int(min(self.minimum + reach, self.maximum))
@@ -554,20 +556,20 @@ class BatchSearch(Evidence):
         low, high = self._peaks(good), self._peaks(failed)
         if not low or not high:
             return False
+        return max(high) - sum(low) / len(low) <= self._noise_band()
+
+    def _noise_band(self) -> float:
+        """Two peaks closer than this are not told apart: the widest difference identical
+        runs showed, or three sd of them; before any repeat, 3% of the limit."""
         noise = self.noise
-        within = max(noise.spread, 3 * noise.sigma) if noise.measured else 0.03 * self.limit
-        return max(high) - sum(low) / len(low) <= within
+        return max(noise.spread, 3 * noise.sigma) if noise.measured else 0.03 * self.limit
 
     def _at_limit(self, good: int) -> bool:
         """True when ``good``'s peak is already within the noise of the limit: a larger
         size cannot be accepted with the margin a recommendation keeps, so a cut above it
         only adds a trial over the limit (one read 240 of 240 MiB, then cut to 371)."""
         peaks = self._peaks(good)
-        if not peaks:
-            return False
-        noise = self.noise
-        within = max(noise.spread, 3 * noise.sigma) if noise.measured else 0.03 * self.limit
-        return max(peaks) >= self.limit - within
+        return bool(peaks) and max(peaks) >= self.limit - self._noise_band()
 
     def _between(self, good: int, failed: int) -> int:
         """Where to cut between a size that fitted and one that did not: where the line

@@ -50,6 +50,8 @@ from torchmem.units import format_bytes
 #: Checked when the panel opens: the tutorial's first lesson (out of place, in place, a
 #: view, a copy) and the product.
 DEFAULT_OPS = ("add", "add_", "matmul", "view", "clone", "contiguous")
+#: The sizes field when the panel opens; the empty plots are framed on them.
+DEFAULT_SIZES = (256, 1024, 2048)
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8")
 COLUMNS = (
     "Operation", "n", "Dtype", "Device", "New storage", "Peak extra", "Allocs", "Shares input",
@@ -127,7 +129,9 @@ class LabPanel(JobPanel):
             placeholder="your expression, e.g. torch.sigmoid(a) * b",
         )
         self.expr_edit.textChanged.connect(self._check_expression)
-        self.sizes_edit = line_edit("n of the n x n inputs, comma-separated", "256, 1024, 2048")
+        self.sizes_edit = line_edit(
+            "n of the n x n inputs, comma-separated", ", ".join(map(str, DEFAULT_SIZES))
+        )
         self.dtype_combo = combo_box("The inputs' dtype", DTYPES)
         self.dtype2_combo = combo_box("A second dtype, measured side by side", [NONE, *DTYPES])
         devices = ["cpu", *nvml.cuda_devices()]
@@ -200,7 +204,7 @@ class LabPanel(JobPanel):
         follow_palette(self.plots)
         # Empty, a log axis spans one decade and labels its 2..9 on top of each other:
         # frame the default sizes and a few decades of memory and time instead.
-        self._frame_sizes({256, 1024, 2048})
+        self._frame_sizes(set(DEFAULT_SIZES))
         self.memory_plot.setYRange(-1, 3)  # 0.1 MiB to 1 GiB
         self.time_plot.setYRange(-5, 0)  # 10 us to 1 s
         self.table = read_only_table(COLUMNS, TOOLTIPS)

@@ -222,8 +222,6 @@ class TunePanel(JobPanel):
         left.addWidget(self.progress)
         left.addWidget(self.status)
         left.addStretch(1)
-        # A short dock squeezed the form's rows into each other: below their height it
-        # scrolls instead.
         left_widget = scrolling_column(left)
         actions = QHBoxLayout()
         actions.addWidget(self.headline, 1)
