@@ -254,6 +254,22 @@ class CapacityKnown:
     capacity: dict[str, int]
 
 
+@dataclass(frozen=True, slots=True)
+class JobMembers:
+    """The processes of a job whose readings add up to its totals, as an attached source
+    knows them: from ``t`` on, the Session sums each series over ``expected`` (once every
+    one of them has reported; over whichever have, while ``expected`` is empty), and per
+    machine where ``nodes`` maps a process's scope to its machine's (``rank3`` ->
+    ``@node1``). ``ended`` are processes whose last reading no longer holds memory.
+    Submitted again, whole, when the membership changes; recorded and replayed with the
+    run, so that a reopened job has the totals it had live."""
+
+    t: float
+    expected: tuple[str, ...] = ()
+    nodes: dict[str, str] = field(default_factory=dict)
+    ended: tuple[str, ...] = ()
+
+
 Event = (
     Sample
     | Marker
@@ -264,4 +280,5 @@ Event = (
     | CensusTaken
     | Alert
     | CapacityKnown
+    | JobMembers
 )

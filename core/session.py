@@ -1,8 +1,8 @@
 """The Session: the one place where events land, whatever source they came from.
 
 Sources call :meth:`Session.submit` from any thread. The Session updates its models
-(time series, step clock, markers, log, run state) under a lock, bumps ``revision`` and
-tells its listeners. Views read snapshots; they never receive data by another path.
+(time series, a job's totals, step clock, markers, log, run state) under a lock, bumps
+``revision`` and tells its listeners. Views read snapshots; they never receive data by another path.
 Script output leaves ``revision`` alone: only the Log pane shows it, from the events, and
 a printing script would otherwise redraw every trace at the bridge's full rate.
 """
@@ -27,6 +27,7 @@ from torchmem.events import (
     CensusTaken,
     CommandResult,
     Event,
+    JobMembers,
     LogRecord,
     Marker,
     MarkerKind,
@@ -35,6 +36,7 @@ from torchmem.events import (
     Sample,
     Stream,
 )
+from torchmem.job_totals import JobTotals
 from torchmem.retry_streaks import RetryStreaks
 from torchmem.series import (
     KERNEL_PEAK,
@@ -77,6 +79,8 @@ class Session:
         self.series: dict[str, SeriesBuffer] = {}
         self.steps = StepClock()
         self._retries = RetryStreaks()
+        #: A job's totals (``total/cpu/rss``), derived here from its processes' samples.
+        self._job = JobTotals()
         #: Total bytes per device, the union of every CapacityKnown (``cuda:0``,
         #: ``rank1/cuda:1``, ``cpu``).
         self._capacity: dict[str, int] = {}
@@ -155,10 +159,10 @@ class Session:
     def submit(self, event: Event) -> None:
         """Apply one event from any source and notify listeners (on the caller's thread).
 
-        An event submitted by a listener (a job's total after a rank's sample, an alert the
-        sample raised) is applied at once but heard after every listener has heard the
-        event being dispatched: each listener sees events in the order they happened. A
-        nested dispatch would hand the recorder an alert before the sample that raised it.
+        An event submitted by a listener (an alert a sample raised) is applied at once but
+        heard after every listener has heard the event being dispatched: each listener
+        sees events in the order they happened. A nested dispatch would hand the recorder
+        an alert before the sample that raised it.
         """
         if isinstance(event, Alert) and event.key in self.muted:
             return
@@ -208,11 +212,8 @@ class Session:
     def _apply(self, event: Event) -> None:
         if isinstance(event, Sample):
             self.samples += 1
-            for key, value in event.values.items():
-                buf = self.series.get(key)
-                if buf is None:
-                    buf = self.series[key] = SeriesBuffer(self._recent, self._buckets)
-                buf.append(event.t, value)
+            self._append(event.t, event.values)
+            self._append(event.t, self._job.fold(event))
             if event.step is not None:
                 self._retries.on_boundary(event.step, event.values)
         elif isinstance(event, Marker):
@@ -239,11 +240,20 @@ class Session:
             self.census_history.append((event.t, event.step, by_device))
         elif isinstance(event, CapacityKnown):
             self._capacity.update(event.capacity)
+        elif isinstance(event, JobMembers):
+            self._job.on_members(event)
         elif isinstance(event, CommandResult):
             self.commands.append(event)
             if event.command == "reset_peaks" and event.ok:
                 for buf in self.series.values():
                     buf.reset_peak()
+
+    def _append(self, t: float, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            buf = self.series.get(key)
+            if buf is None:
+                buf = self.series[key] = SeriesBuffer(self._recent, self._buckets)
+            buf.append(t, value)
 
     # -- snapshots for views ----------------------------------------------------------
     def keys(self) -> list[str]:

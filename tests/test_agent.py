@@ -241,7 +241,16 @@ def test_torchmem_run_attachable_streams_logs_and_the_exit_code(runtime_dir):
 
 
 def test_cli_ps_and_attach_summary(served, tmp_path):
-    proc, _ = served
+    proc, entry = served
+    # Past its first step before the attach (on a loaded machine its set-up can outlast
+    # the attach's 1.5 s, and a summary of no step cannot say it was still stepping).
+    session = Session()
+    remote = RemoteSource(session, entry)
+    try:
+        remote.connect()
+        wait_until(lambda: session.steps.steps >= 1, what="a step from the agent")
+    finally:
+        remote.close()
     ps = subprocess.run(
         [sys.executable, "-m", "torchmem", "ps", "--json"], capture_output=True, text=True
     )

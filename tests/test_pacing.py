@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from torchmem.events import Alert, AlertKind, AlertState, Sample, Severity
+from torchmem.events import Alert, AlertKind, AlertState, JobMembers, Sample, Severity
 from torchmem.probe.step_pace import RECOMPUTE_EVERY, StepPace
 from torchmem.series import scope_label, series_label, split_key, split_scope
 from torchmem.session import Session
 from torchmem.sources.inprocess import BoundaryClock
-from torchmem.sources.totals import RankTotals
 from torchmem.tensors.schedule import CensusSchedule
 
 
@@ -89,28 +88,34 @@ def test_boundary_readings_thin_out_for_tiny_steps_and_recover_from_one_slow_rea
     assert clock.read_cost == 0.01
 
 
-# -- RankTotals ---------------------------------------------------------------------------
-def test_rank_totals_sum_latest_readings_once_every_rank_reported():
+# -- a job's totals (derived by the Session) ----------------------------------------------
+def test_a_jobs_total_sums_the_latest_readings_once_every_rank_reported():
     session = Session()
-    totals = RankTotals(session, {"rank0", "rank1"}, since=0.0)
+    session.submit(JobMembers(0.0, ("rank0", "rank1")))
     session.submit(Sample(1.0, {"rank0/cpu/rss": 100.0, "rank0/cuda:0/peak_allocated": 7.0}))
     assert "total/cpu/rss" not in session.series  # rank 1 has not reported: no total yet
     session.submit(Sample(1.1, {"rank1/cpu/rss": 50.0}))
     session.submit(Sample(1.2, {"rank0/cpu/rss": 120.0}))
     assert session.latest()["total/cpu/rss"][0] == 170.0  # rank 0's newest plus rank 1's
+    assert session.arrays("total/cpu/rss")[1].tolist() == [150.0, 170.0]
     assert "total/cuda:0/peak_allocated" not in session.series  # peaks are never summed
-    totals.forget("rank1")  # it ended: its last reading holds nothing any more
-    session.submit(Sample(1.3, {"rank0/cpu/rss": 130.0}))
+    # Rank 1 ended: its last reading holds nothing any more, and a late one is left out.
+    session.submit(JobMembers(0.0, ("rank0", "rank1"), ended=("rank1",)))
+    session.submit(Sample(1.3, {"rank0/cpu/rss": 130.0, "rank1/cpu/rss": 999.0}))
     assert session.latest()["total/cpu/rss"][0] == 130.0
-    totals.close()
-    session.submit(Sample(1.4, {"rank0/cpu/rss": 1.0}))
-    assert session.latest()["total/cpu/rss"][0] == 130.0
+    assert session.scopes() == ["rank0", "rank1", "total"]
+
+
+def test_without_a_jobs_members_no_total_is_made_up():
+    session = Session()
+    session.submit(Sample(1.0, {"rank0/cpu/rss": 100.0, "cpu/rss": 5.0}))
+    assert session.keys() == ["rank0/cpu/rss", "cpu/rss"]
 
 
 def test_a_multi_node_job_gets_a_total_per_machine_that_the_job_total_does_not_count():
     session = Session()
     nodes = {"rank0": "@a", "rank1": "@a", "rank2": "@b"}
-    RankTotals(session, set(nodes), since=0.0, nodes=nodes)
+    session.submit(JobMembers(0.0, tuple(nodes), nodes))
     session.submit(Sample(1.0, {"rank0/cpu/rss": 10.0, "rank1/cpu/rss": 20.0}))
     session.submit(Sample(1.1, {"rank2/cpu/rss": 5.0}))
     latest = session.latest()
@@ -119,14 +124,15 @@ def test_a_multi_node_job_gets_a_total_per_machine_that_the_job_total_does_not_c
     assert series_label("@a/cpu/rss") == "node a process RSS"
 
 
-def test_every_listener_hears_a_rank_sample_before_the_total_and_alert_it_caused():
-    """The recorder subscribes after the totals and the detector: it must still write a
-    rank's sample before the job total and the alert that sample brought about."""
+def test_listeners_hear_a_ranks_sample_and_the_alert_it_caused_never_a_total_of_their_own():
+    """A total is derived where the readings are kept, not submitted: the recorder writes
+    the ranks' samples (a reopened job derives its totals again) and hears an alert after
+    the sample that raised it."""
     session = Session()
-    RankTotals(session, {"rank0"}, since=0.0)
+    session.submit(JobMembers(0.0, ("rank0",)))
 
     def detector(event):
-        if isinstance(event, Sample) and event.values.get("total/cpu/rss", 0) > 100:
+        if isinstance(event, Sample) and session.latest()["total/cpu/rss"][0] > 100:
             alert = Alert(
                 event.t,
                 "leak:total/cpu/rss",
@@ -147,14 +153,19 @@ def test_every_listener_hears_a_rank_sample_before_the_total_and_alert_it_caused
         lambda e: heard.append(",".join(e.values) if isinstance(e, Sample) else type(e).__name__)
     )
     session.submit(Sample(1.0, {"rank0/cpu/rss": 150.0}))
-    assert heard == ["rank0/cpu/rss", "total/cpu/rss", "Alert"]
+    assert heard == ["rank0/cpu/rss", "Alert"]
     assert session.alerts["leak:total/cpu/rss"].state is AlertState.ACTIVE
 
 
-def test_rank_totals_leave_out_replayed_history():
+def test_a_jobs_total_leaves_out_history_from_before_its_members_were_known():
     session = Session()
-    RankTotals(session, {"rank0"}, since=10.0)
-    session.submit(Sample(5.0, {"rank0/cpu/rss": 100.0}))  # from before the attach
+    session.submit(JobMembers(10.0, ("rank0",)))
+    session.submit(Sample(5.0, {"rank0/cpu/rss": 100.0}))  # replayed, from before the attach
+    assert "total/cpu/rss" not in session.series
+    session.submit(Sample(10.5, {"rank0/cpu/rss": 100.0}))
+    assert session.latest()["total/cpu/rss"][0] == 100.0
+    session.reset()  # a new run in the window: the old job's members do not carry over
+    session.submit(Sample(10.5, {"rank0/cpu/rss": 100.0}))
     assert "total/cpu/rss" not in session.series
 
 

@@ -23,6 +23,7 @@ from torchmem.events import (
     AlertState,
     CapacityKnown,
     CensusTaken,
+    JobMembers,
     LogRecord,
     Marker,
     MarkerKind,
@@ -552,6 +553,39 @@ def test_a_long_recording_reopens_from_its_overview_with_the_same_figures(tmp_pa
     t_quick, v_quick = quick.arrays("cpu/rss")
     assert t_quick[-6000:].tolist() == t_full[-6000:].tolist()
     assert v_quick[-6000:].tolist() == v_full[-6000:].tolist()
+
+
+def test_a_recorded_job_reopens_with_the_totals_it_had_live(tmp_path, monkeypatch):
+    """The file holds the ranks' samples and who the job's members were; reopening derives
+    the totals again, event by event and from a long run's overview alike."""
+    from torchmem.record import replay
+
+    path = tmp_path / "job.tmsession"
+    live = Session()
+    recorder = start_recording(path, live, "attach", "train.py")
+    live.submit(RunStarted(0.0, "train.py", ()))
+    nodes = {"rank0": "@a", "rank1": "@a", "rank2": "@b"}
+    live.submit(JobMembers(0.0, tuple(nodes), nodes))
+    for i in range(3_000):
+        rank = i % 3
+        live.submit(Sample(i * 0.1, {f"rank{rank}/cpu/rss": 1e8 * (rank + 1) + i * 1e4}))
+        if i == 2_000:  # rank 1 ended: the totals go on without it
+            live.submit(JobMembers(0.0, tuple(nodes), nodes, ended=("rank1",)))
+    recorder.close()
+    full = load(path).session
+    monkeypatch.setattr(replay, "OVERVIEW_ABOVE", 1_000)
+    quick = load(path).session
+    totals = ("total/cpu/rss", "@a/cpu/rss", "@b/cpu/rss")
+    for reopened in (full, quick):
+        assert (
+            reopened.scopes() == live.scopes() == ["rank0", "rank1", "rank2", "@a", "@b", "total"]
+        )
+        for key in totals:
+            assert reopened.latest()[key] == live.latest()[key], key
+    assert live.latest()["total/cpu/rss"][0] == 1e8 + 3e8 + (2_997 + 2_999) * 1e4
+    t_live, v_live = live.arrays("total/cpu/rss")
+    t_full, v_full = full.arrays("total/cpu/rss")
+    assert t_full.tolist() == t_live.tolist() and v_full.tolist() == v_live.tolist()
 
 
 @pytest.mark.slow

@@ -19,7 +19,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from torchmem.events import Sample
+from torchmem.events import JobMembers, Sample
+from torchmem.job_totals import JobTotals
 from torchmem.session import Session
 from torchmem.timeseries import SeriesBuffer, StepClock
 
@@ -40,6 +41,7 @@ class OverviewBuilder:
         self.series: dict[str, SeriesBuffer] = {}
         self.steps = StepClock()
         self.samples = 0
+        self._job = JobTotals()  # a job's totals, derived as the Session derives them
         #: The file's sequence number the overview covers (rows after it are newer).
         self.seq = 0
         self.last_written = time.monotonic()
@@ -47,11 +49,16 @@ class OverviewBuilder:
     def add_sample(self, sample: Sample) -> None:
         """Fold one sample in."""
         self.samples += 1
-        for key, value in sample.values.items():
-            buf = self.series.get(key)
-            if buf is None:
-                buf = self.series[key] = SeriesBuffer()
-            buf.append(sample.t, value)
+        for values in (sample.values, self._job.fold(sample)):
+            for key, value in values.items():
+                buf = self.series.get(key)
+                if buf is None:
+                    buf = self.series[key] = SeriesBuffer()
+                buf.append(sample.t, value)
+
+    def add_members(self, members: JobMembers) -> None:
+        """A job's members changed: its totals are summed over them from now on."""
+        self._job.on_members(members)
 
     def add_step(self, t: float, step: int) -> None:
         """Every step boundary, before the file thins them."""

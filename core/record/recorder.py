@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from torchmem import __version__
-from torchmem.events import CensusTaken, Event, Marker, MarkerKind, Sample
+from torchmem.events import CensusTaken, Event, JobMembers, Marker, MarkerKind, Sample
 from torchmem.probe.allocator import allocator_settings
 from torchmem.record import store
 from torchmem.record.overview import OverviewBuilder
@@ -222,6 +222,8 @@ class Recorder:
         else:
             if isinstance(item, CensusTaken):
                 item = replace(item, census=item.census.folded(CENSUS_TOP))
+            elif isinstance(item, JobMembers):
+                self._overview.add_members(item)
             try:
                 data = store.pack_event(item)
             except (TypeError, ValueError):  # an event this version cannot encode

@@ -20,12 +20,13 @@ from torchmem.session import Session
 __all__ = ["RecordError", "Recording", "load"]
 
 #: What a long run's reopening reads of its events, by kind (0: all): the start and end,
-#: user marks, the newest log lines and alerts, and the last censuses (decoding one of
+#: user marks, the devices' sizes, a job's members (the samples after the overview add up
+#: to its totals), the newest log lines and alerts, and the last censuses (decoding one of
 #: 2,000 storages takes ~0.1 s: the Tensors panel shows the last two). The rest stays in
 #: the file, for `torchmem report --censuses` and the census diff.
 TAIL = {
     "RunStarted": 0, "RunFinished": 0, "Marker": 0, "LogRecord": 2_000, "Alert": 1_000,
-    "CommandResult": 200, "CensusTaken": 3,
+    "CommandResult": 200, "CensusTaken": 3, "CapacityKnown": 0, "JobMembers": 0,
 }  # fmt: skip
 
 

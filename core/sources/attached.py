@@ -7,18 +7,17 @@ and ``torchmem attach``'s attach (the agents there now), and ``torchmem run -- C
 
 from __future__ import annotations
 
-import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
-from torchmem.events import CommandResult
+from torchmem.events import CommandResult, JobMembers
 from torchmem.series import node_scope, rank_scope
 from torchmem.session import Session
 from torchmem.sources.follow import follow
 from torchmem.sources.processes import agents_for, rank_may_come
 from torchmem.sources.remote import RemoteSource
-from torchmem.sources.totals import RankTotals
 from torchmem.sources.watch import ProcessWatchSource
 from torchmem.transport.client import AttachError
 from torchmem.transport.discovery import AgentEntry, host_name
@@ -65,7 +64,9 @@ class AttachedRun:
         self.hz = hz
         self.remotes: list[RemoteSource] = []
         self.watch: ProcessWatchSource | None = None
-        self.totals: RankTotals | None = None
+        #: The job's members as last submitted (None for a single process): the Session
+        #: sums their readings into the job's totals.
+        self.job: JobMembers | None = None
         self._detach = threading.Event()
 
     def connect(self) -> None:
@@ -74,8 +75,8 @@ class AttachedRun:
         Raises :class:`AttachError` when nothing can be attached, saying why (never with
         ``follow_new``: the processes may not have started yet).
         """
-        if self.follow_new:
-            self.totals = RankTotals(self.session)
+        if self.follow_new:  # every process that comes counts, until the world size is known
+            self._set_job(JobMembers(self.session.now()))
             self._attach_new()
             return
         if self.hosts:
@@ -101,16 +102,6 @@ class AttachedRun:
             return
         multi = len(entries) > 1
         errors = []
-        if multi:  # before the first connection, so that no live sample is missed
-            # Nothing counts until every rank is connected (replays arrive meanwhile).
-            hosts = {e.host for e in entries}
-            nodes = {e.scope: node_scope(host_name(e.host)) for e in entries}
-            self.totals = RankTotals(
-                self.session,
-                {e.scope for e in entries},
-                math.inf,
-                nodes if len(hosts) > 1 else None,
-            )
         for entry in entries:
             prefix = f"{entry.scope}/" if multi else ""
             remote = RemoteSource(self.session, entry, prefix)
@@ -118,30 +109,30 @@ class AttachedRun:
                 remote.connect()
             except AttachError as exc:
                 errors.append(str(exc))
-                if self.totals is not None:
-                    self.totals.forget(entry.scope)
                 continue
             self.remotes.append(remote)
         if not self.remotes:
-            if self.totals is not None:
-                self.totals.close()
             self._close_tunnels()
             raise AttachError("; ".join(errors))
-        if self.totals is not None:  # the clock is the agents' now: replays come before it
-            self.totals.since = self.session.now()
+        if multi:  # every rank connected, its history replayed: the job's sums start now
+            hosts = {e.host for e in entries}
+            nodes = {e.scope: node_scope(host_name(e.host)) for e in entries}
+            expected = tuple(r.prefix.rstrip("/") for r in self.remotes)
+            self._set_job(JobMembers(self.session.now(), expected, nodes if len(hosts) > 1 else {}))
         for error in errors:  # some ranks attached, others not: say which
             self.session.note(error)
 
     def _attach_new(self) -> None:
         """Attach the agents of ``pid``'s descendants that appeared since the last look
         (one not ready to answer yet is tried again at the next)."""
-        assert self.pid is not None and self.totals is not None
+        assert self.pid is not None and self.job is not None
         known = {r.pid for r in self.remotes}
         for entry in agents_for(self.pid):
             if entry.pid in known or rank_may_come(entry):
                 continue
-            if entry.world_size and not self.totals.expected:
-                self.totals.expected = {rank_scope(r) for r in range(entry.world_size)}
+            if entry.world_size and not self.job.expected:
+                ranks = tuple(rank_scope(r) for r in range(entry.world_size))
+                self._set_job(replace(self.job, expected=ranks))
             remote = RemoteSource(self.session, entry, f"{entry.scope}/")
             try:
                 remote.connect()
@@ -226,17 +217,15 @@ class AttachedRun:
         """Block until the processes end, :meth:`detach` is called, or ``duration`` passes;
         then close the connections unless told not to. With ``follow_new`` only a detach
         or the deadline ends it (none of the processes may have started yet)."""
-        forgotten: set[str] = set()
 
         def look() -> bool:
             if self.follow_new:
                 self._attach_new()
-            if self.totals is not None:  # a rank that ended no longer counts in the total
-                for remote in self.remotes:
-                    scope = remote.prefix.rstrip("/")
-                    if remote.ended.is_set() and scope not in forgotten:
-                        forgotten.add(scope)
-                        self.totals.forget(scope)
+            if self.job is not None:  # a rank that ended no longer counts in the total
+                ended = [r.prefix.rstrip("/") for r in self.remotes if r.ended.is_set()]
+                new = tuple(s for s in ended if s not in self.job.ended)
+                if new:
+                    self._set_job(replace(self.job, ended=self.job.ended + new))
             return self.follow_new or not self.ended
 
         # Looking for new processes reads the process table: four times a second is enough.
@@ -258,9 +247,12 @@ class AttachedRun:
             remote.close()
         if self.watch is not None:
             self.watch.close()
-        if self.totals is not None:
-            self.totals.close()
         self._close_tunnels()
+
+    def _set_job(self, members: JobMembers) -> None:
+        """Tell the Session (and so the recording) who the job's members are now."""
+        self.job = members
+        self.session.submit(members)
 
     def _close_tunnels(self) -> None:
         for tunnel in self.tunnels:

@@ -24,6 +24,7 @@ from torchmem.events import (
     CensusTaken,
     CommandResult,
     Event,
+    JobMembers,
     LogRecord,
     Marker,
     RunFinished,
@@ -44,6 +45,7 @@ EVENT_NAMES: dict[type, str] = {
     CensusTaken: "census",
     Alert: "alert",
     CapacityKnown: "capacity",
+    JobMembers: "job",
 }
 _EVENT_TYPES = {name: cls for cls, name in EVENT_NAMES.items()}
 
