@@ -43,9 +43,10 @@ def apply_theme(app: QApplication, theme: str) -> None:
 
 
 def follow_palette(view: pg.GraphicsView) -> None:
-    """Draw a plot widget in its palette: the background of a text field, axes and tick
-    labels in the text colour (pyqtgraph's own black, with grey axes, sat in a light
-    window as a dark hole)."""
+    """Draw a plot widget in its palette: the background of a text field, axes, tick
+    labels and legend entries in the text colour (pyqtgraph's own black, with grey axes,
+    sat in a light window as a dark hole, and its legends' light grey text was hard to
+    read on a light one). Entries added to a legend later take the same colour."""
     palette = view.palette()
     text = palette.color(QPalette.Text)
     view.setBackground(palette.color(QPalette.Base))
@@ -53,3 +54,8 @@ def follow_palette(view: pg.GraphicsView) -> None:
         if isinstance(item, pg.AxisItem):
             item.setPen(pg.mkPen(text))
             item.setTextPen(pg.mkPen(text))
+        elif isinstance(item, pg.LegendItem):
+            # setLabelTextColor only records the colour: each label is re-rendered by setText.
+            item.setLabelTextColor(text)
+            for _, label in item.items:
+                label.setText(label.text, color=text.name())

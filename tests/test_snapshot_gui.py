@@ -6,7 +6,7 @@ from __future__ import annotations
 import psutil
 import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-from PySide6.QtGui import QDropEvent
+from PySide6.QtGui import QDropEvent, QPalette
 from PySide6.QtWidgets import QPushButton
 from snapshot_files import MiB, random_snapshot, small_snapshot, write
 
@@ -44,6 +44,11 @@ def test_it_opens_at_the_peak_with_the_live_set_by_line(opened):
     assert "13.50 MiB active in 4 allocations" in snap.moment_label.text()
     legend = {item.name() for item in snap.plot.plotItem.listDataItems() if item.name()}
     assert legend == {"parameter", "optimizer state", "gradient", "activation", "other"}
+    # Written in the palette's text colour, as the axes are (pyqtgraph's light grey was
+    # hard to read on a light background).
+    text = snap.palette().color(QPalette.Text).name()
+    labels = snap.plot.plotItem.legend.items
+    assert labels and all(f"color:{text};" in label.item.toHtml() for _, label in labels)
 
 
 def test_a_moment_and_a_range_narrow_what_is_shown(opened):
@@ -109,9 +114,27 @@ def test_a_second_snapshot_is_drawn_over_the_first_and_compared_by_line(qtbot, o
     first = [snap.diff_table.item(0, c).text() for c in range(5)]
     assert first == ["main (train.py:50)", "8.00 MiB", "16.00 MiB", "+8.00 MiB", "gradient"]
     assert "(+8.00 MiB)" in snap.moment_label.text()
-    names = {i.name() for i in snap.plot.plotItem.listDataItems() if i.name()}
-    assert "compared: after.pickle" in names
+    compared = {i.name(): i for i in snap.plot.plotItem.listDataItems() if i.name()}
+    # Drawn in the text colour (a white line vanished above the stacked areas on a light
+    # palette), on the same axis as the first: its peak, 13.50 MiB with the gradient
+    # grown by 8 MiB, reads 21.5 on the axis in MiB.
+    pen = compared["compared: after.pickle"].opts["pen"]
+    assert pen.color().name() == snap.palette().color(QPalette.Text).name()
+    assert compared["compared: after.pickle"].yData.max() == pytest.approx(21.5)
     assert len(window.snapshots.windows) == 1  # compared in place, not a new window
+
+
+def test_a_snapshot_of_many_gibibytes_is_drawn_in_gib(qtbot, make_window, tmp_path):
+    """A 10 GiB peak read "10000" on an axis in MiB."""
+    window = make_window()
+    snap = open_snapshot(qtbot, window, write(tmp_path / "big.pickle", random_snapshot(60_000)))
+    peak = snap.line.peak[0]
+    assert peak > 1 << 30
+    assert snap.plot.getAxis("left").labelText == "active memory (GiB)"
+    top = max(i.yData.max() for i in snap.plot.plotItem.listDataItems() if i.name())
+    assert top == pytest.approx(peak / (1 << 30))
+    small = open_snapshot(qtbot, window, write(tmp_path / "small.pickle", small_snapshot()))
+    assert small.plot.getAxis("left").labelText == "active memory (MiB)"
 
 
 def test_the_segments_tab_draws_each_segment_block_by_block(qtbot, make_window, tmp_path):

@@ -186,15 +186,11 @@ class TracePlot(pg.GraphicsLayoutWidget):
     # -- appearance -----------------------------------------------------------------------
     def apply_palette(self) -> None:
         """Match the plot background and axes to the application palette (light or dark)."""
-        follow_palette(self)  # the background, every axis and its ticks
+        follow_palette(self)  # the background, every axis and its ticks, the legend
         text = self.palette().color(QPalette.Text)
         for plot in (*self.plots.values(), self.steps_plot):
             plot.titleLabel.setText(plot.titleLabel.text, color=text.name())
         self.readout.setText(self.readout.text, color=text.name())
-        # setLabelTextColor only records the colour: each label is re-rendered by setText.
-        self.legend.setLabelTextColor(text)
-        for _, label in self.legend.items:
-            label.setText(label.text, color=text.name())
         self.steps_label.setColor(text)
 
     def _update_x_label(self) -> None:

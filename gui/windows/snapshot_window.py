@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -40,7 +41,7 @@ from torchmem.snapshots import analysis
 from torchmem.snapshots.index import SnapshotIndex
 from torchmem.snapshots.open import SnapshotCancelled, open_snapshot
 from torchmem.snapshots.read import SnapshotError
-from torchmem.units import format_bytes
+from torchmem.units import UNITS, auto_unit, format_bytes
 
 #: Stacked from the bottom: what stays (parameters) under what comes and goes.
 CATEGORY_COLORS = {
@@ -101,6 +102,7 @@ class SnapshotWindow(QMainWindow):
         self.other: SnapshotIndex | None = None
         self.end_segments = ""
         self.groups: list[analysis.StackGroup] = []
+        self.scale = MiB  # bytes per unit of the plot's y axis (GiB above 1 GiB)
         name = Path(index.meta.get("file", "snapshot")).name
         self.setWindowTitle(f"Memory snapshot – {name}")
         self.resize(1250, 800)
@@ -126,8 +128,7 @@ class SnapshotWindow(QMainWindow):
         top.addWidget(self.compare_button)
 
         self.plot = pg.PlotWidget()
-        self.plot.setLabel("left", "active memory (MiB)")
-        self.plot.getAxis("left").enableAutoSIPrefix(False)  # MiB, not pyqtgraph's decimal
+        self.plot.getAxis("left").enableAutoSIPrefix(False)  # binary units, not decimal SI
         self.plot.setLabel("bottom", "time since the first event", units="s")
         self.plot.showGrid(x=True, y=True, alpha=0.25)
         self.plot.addLegend(offset=(10, 5))
@@ -219,9 +220,13 @@ class SnapshotWindow(QMainWindow):
         self.plot.clear()
         if self.plot.plotItem.legend is not None:
             self.plot.plotItem.legend.clear()
+        # A 10 GiB peak read "10000" in MiB: the axis takes the unit the peak reads in.
+        unit = auto_unit(self.line.peak[0]) if self.line.peak[0] >= MiB else "MiB"
+        self.scale = UNITS[unit]
+        self.plot.setLabel("left", f"active memory ({unit})")
         below = np.zeros(len(x))
         for cat, color in CATEGORY_COLORS.items():
-            above = below + curves[cat] / MiB
+            above = below + curves[cat] / self.scale
             if curves[cat].any():
                 low = pg.PlotCurveItem(x, below, pen=pg.mkPen(color, width=0))
                 high = pg.PlotCurveItem(x, above, pen=pg.mkPen(color, width=1), name=cat)
@@ -331,8 +336,9 @@ class SnapshotWindow(QMainWindow):
         name = Path(other.meta.get("file", "other")).name
         curve = pg.PlotCurveItem(
             (line.time_us[keep] - start) / 1e6,
-            line.active[keep] / MiB,
-            pen=pg.mkPen("#ffffff", width=2, style=Qt.DashLine),
+            line.active[keep] / self.scale,
+            # In the text colour: white vanished above the stacked areas on a light palette.
+            pen=pg.mkPen(self.palette().color(QPalette.Text), width=2, style=Qt.DashLine),
             name=f"compared: {name}",
         )
         self.plot.addItem(curve)
