@@ -189,6 +189,12 @@ def test_a_three_rank_jobs_views_totals_and_recording_agree_per_rank(qtbot, make
         qtbot.waitUntil(
             lambda: all(session.censuses(r)[0] is not None for r in ranks), timeout=60_000
         )
+        # Each rank's answer to the census asked of the job.
+        qtbot.waitUntil(
+            lambda: len([c for c in session.commands if c.command == "census"]) == 3,
+            timeout=60_000,
+        )
+        said = [c.message for c in session.commands if c.command == "census"]
         window.detach()
         qtbot.waitUntil(lambda: not window.running, timeout=10_000)
     finally:
@@ -208,6 +214,9 @@ def test_a_three_rank_jobs_views_totals_and_recording_agree_per_rank(qtbot, make
         buffer = next(t for t in census.tensors() if t.name == "rank_buffer")
         own = census.storages[buffer.storage_key].nbytes
         assert own == (int(rank[-1]) + 1) * 2**20, "each rank's own buffer"
+        # Its census said (in the log and the status bar) as this rank's ("rank 2:
+        # Census: ..."), not as the job's one process.
+        assert any(m.startswith(f"rank {rank[-1]}: Census: ") for m in said), said
 
     # One rank chosen: every view shows that rank and only it.
     window.rank_combo.setCurrentIndex(window.rank_combo.findData("rank2"))

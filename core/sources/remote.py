@@ -232,6 +232,13 @@ class RemoteSource:
             return replace(event, census=_prefixed_census(event.census, self.prefix))
         if isinstance(event, CapacityKnown):
             return replace(event, capacity={self.prefix + k: v for k, v in event.capacity.items()})
+        # "rank 1: Census: ...", "rank 1: gc.collect() freed ...": what each rank says of
+        # itself would otherwise read as the job's one process's.
+        if isinstance(event, CommandResult):
+            changes = {self.prefix + k: v for k, v in event.changes.items()}
+            return replace(event, message=f"{self.label}: {event.message}", changes=changes)
+        if isinstance(event, LogRecord) and event.stream is Stream.TORCHMEM:
+            return replace(event, text=f"{self.label}: {event.text}")
         return event
 
     def _on_closed(self, reason: str) -> None:
