@@ -323,8 +323,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
             self.legend.addItem(curve, series_label(key))
             self._fit_legend()
             curve.setToolTip(METRICS[metric].tooltip if metric in METRICS else key)
-            scope = self.scope
-            if metric in HIDDEN_BY_DEFAULT or (scope is not None and split_scope(key)[0] != scope):
+            if metric in HIDDEN_BY_DEFAULT or not in_scope(key, self.scope):
                 curve.setVisible(False)
             plot.setVisible(True)
             self._curves[key] = curve
