@@ -150,6 +150,11 @@ def test_the_lab_and_tune_tabs_fit_a_short_window_and_their_buttons_can_be_reach
         # Every field of the form is as wide as it asks to be: nothing cut at the right.
         for column in columns:
             assert column.viewport().width() >= column.widget().minimumSizeHint().width()
+    # The Tune plot keeps the height of its axis title (squashed, it read "eak memor").
+    window.tune_dock.raise_()
+    QApplication.processEvents()
+    plot = panels.tune.plot.getPlotItem()
+    assert plot.vb.height() >= plot.getAxis("left").label.boundingRect().width()
 
 
 def test_the_empty_plots_frame_the_sizes_and_several_decades(qtbot, panel):

@@ -37,11 +37,19 @@ TOOLTIP = (
 )
 
 
+#: The least height (px) at which the plot's axes and their titles fit.
+MIN_HEIGHT = 172
+
+
 class TunePlot(pg.PlotWidget):
     """Peaks, model, limits and throughput of one batch-size search."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        # Tall enough for its axis title ("peak memory (MiB)", 130 px turned upright) and
+        # the batch-size axis: in a short window it was squashed to 108 px, the title cut
+        # to "eak memor". The table below it gives way first.
+        self.setMinimumHeight(MIN_HEIGHT)
         item = self.getPlotItem()
         item.showGrid(x=True, y=True, alpha=0.2)
         item.setLabel("bottom", "batch size (log2 scale)")
