@@ -15,9 +15,9 @@ every other listener hear a rank's sample and its total in an order it had to re
 from __future__ import annotations
 
 from torchmem.events import JobMembers, Sample
-from torchmem.series import COUNT_METRICS, TOTAL_SCOPE, is_sum_scope, split_key, split_scope
+from torchmem.series import TOTAL_SCOPE, is_sum_scope, split_key, split_scope
 
-#: Metrics whose sum over processes means something.
+#: Metrics whose sum over processes means something (byte counts, never a peak or a count).
 SUMMED = frozenset({"allocated", "reserved", "nvml_used", "rss", "uss"})
 
 
@@ -26,6 +26,7 @@ class JobTotals:
 
     def __init__(self) -> None:
         self.members: JobMembers | None = None
+        self._expected: frozenset[str] = frozenset()  # who must have reported, still running
         self._latest: dict[str, dict[str, float]] = {}  # series -> {scope: value}
 
     def on_members(self, members: JobMembers) -> None:
@@ -33,6 +34,7 @@ class JobTotals:
         before the first one are left out: an attached job's history is replayed one
         rank after another, so the ranks' sum at a past moment is unknown."""
         self.members = members
+        self._expected = frozenset(members.expected) - frozenset(members.ended)
         for values in self._latest.values():
             for scope in members.ended:
                 values.pop(scope, None)
@@ -49,13 +51,11 @@ class JobTotals:
             scope, rest = split_scope(key)
             if not scope or is_sum_scope(scope) or scope in members.ended:
                 continue
-            metric = split_key(rest)[1]
-            if metric not in SUMMED or metric in COUNT_METRICS:
+            if split_key(rest)[1] not in SUMMED:
                 continue
             self._latest.setdefault(rest, {})[scope] = value
             changed.add(rest)
-        expected = set(members.expected) - set(members.ended)
-        complete = [r for r in changed if expected <= self._latest[r].keys()]
+        complete = [r for r in changed if self._expected <= self._latest[r].keys()]
         totals = {f"{TOTAL_SCOPE}/{r}": sum(self._latest[r].values()) for r in complete}
         for rest in complete if members.nodes else ():
             by_node: dict[str, float] = {}

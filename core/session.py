@@ -47,7 +47,7 @@ from torchmem.series import (
     split_key,
     split_scope,
 )
-from torchmem.timeseries import SeriesBuffer, StepClock
+from torchmem.timeseries import SeriesBuffer, StepClock, append_readings
 
 Listener = Callable[[Event], None]
 log = logging.getLogger(__name__)
@@ -212,8 +212,8 @@ class Session:
     def _apply(self, event: Event) -> None:
         if isinstance(event, Sample):
             self.samples += 1
-            self._append(event.t, event.values)
-            self._append(event.t, self._job.fold(event))
+            for values in (event.values, self._job.fold(event)):
+                append_readings(self.series, event.t, values, self._recent, self._buckets)
             if event.step is not None:
                 self._retries.on_boundary(event.step, event.values)
         elif isinstance(event, Marker):
@@ -247,13 +247,6 @@ class Session:
             if event.command == "reset_peaks" and event.ok:
                 for buf in self.series.values():
                     buf.reset_peak()
-
-    def _append(self, t: float, values: dict[str, float]) -> None:
-        for key, value in values.items():
-            buf = self.series.get(key)
-            if buf is None:
-                buf = self.series[key] = SeriesBuffer(self._recent, self._buckets)
-            buf.append(t, value)
 
     # -- snapshots for views ----------------------------------------------------------
     def keys(self) -> list[str]:

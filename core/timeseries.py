@@ -173,6 +173,22 @@ class SeriesBuffer:
         return np.concatenate(parts_t), np.concatenate(parts_v)
 
 
+def append_readings(
+    series: dict[str, SeriesBuffer],
+    t: float,
+    values: dict[str, float],
+    recent: int = 6000,
+    buckets: int = 2048,
+) -> None:
+    """Append each reading of ``values`` at ``t`` to its series, a new buffer for a key not
+    seen before: how the Session and a recording's overview keep samples alike."""
+    for key, value in values.items():
+        buf = series.get(key)
+        if buf is None:
+            buf = series[key] = SeriesBuffer(recent, buckets)
+        buf.append(t, value)
+
+
 class StepClock:
     """Step boundaries in time, so that any time can be shown as a (fractional) step.
 

@@ -22,7 +22,7 @@ import numpy as np
 from torchmem.events import JobMembers, Sample
 from torchmem.job_totals import JobTotals
 from torchmem.session import Session
-from torchmem.timeseries import SeriesBuffer, StepClock
+from torchmem.timeseries import SeriesBuffer, StepClock, append_readings
 
 #: How often the recorder rewrites the overview (s); a file cut short by kill -9 reopens
 #: from an overview at most this old, then the samples written after it.
@@ -50,11 +50,7 @@ class OverviewBuilder:
         """Fold one sample in."""
         self.samples += 1
         for values in (sample.values, self._job.fold(sample)):
-            for key, value in values.items():
-                buf = self.series.get(key)
-                if buf is None:
-                    buf = self.series[key] = SeriesBuffer()
-                buf.append(sample.t, value)
+            append_readings(self.series, sample.t, values)
 
     def add_members(self, members: JobMembers) -> None:
         """A job's members changed: its totals are summed over them from now on."""

@@ -117,7 +117,7 @@ class AttachedRun:
         if multi:  # every rank connected, its history replayed: the job's sums start now
             hosts = {e.host for e in entries}
             nodes = {e.scope: node_scope(host_name(e.host)) for e in entries}
-            expected = tuple(r.prefix.rstrip("/") for r in self.remotes)
+            expected = tuple(r.entry.scope for r in self.remotes)
             self._set_job(JobMembers(self.session.now(), expected, nodes if len(hosts) > 1 else {}))
         for error in errors:  # some ranks attached, others not: say which
             self.session.note(error)
@@ -222,7 +222,7 @@ class AttachedRun:
             if self.follow_new:
                 self._attach_new()
             if self.job is not None:  # a rank that ended no longer counts in the total
-                ended = [r.prefix.rstrip("/") for r in self.remotes if r.ended.is_set()]
+                ended = [r.entry.scope for r in self.remotes if r.ended.is_set()]
                 new = tuple(s for s in ended if s not in self.job.ended)
                 if new:
                     self._set_job(replace(self.job, ended=self.job.ended + new))
