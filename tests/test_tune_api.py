@@ -83,9 +83,12 @@ def test_a_function_by_reference_is_predicted_by_a_fake_step_first(tmp_path, mon
     calls = [tuple(map(int, line.split())) for line in pids.read_text().splitlines()]
     fake_pid, first = calls[0]
     fake_sizes = [b for pid, b in calls if pid == fake_pid]
-    # The fake step: one call per size, eightfold up, in a process of its own.
-    assert first == 1 and fake_sizes == [8**i for i in range(len(fake_sizes))]
-    assert fake_pid != os.getpid() and len(fake_sizes) >= 2
+    # The fake step: one call per size, eightfold up, then one between the top two, in a
+    # process of its own.
+    *eightfold, between = fake_sizes
+    assert first == 1 and eightfold == [8**i for i in range(len(eightfold))]
+    assert between == round((eightfold[-2] * eightfold[-1]) ** 0.5)
+    assert fake_pid != os.getpid() and len(eightfold) >= 3
 
 
 def test_a_notebook_function_is_forked_and_its_recommendation_fits(tmp_path):

@@ -416,3 +416,32 @@ def test_a_growth_probe_out_of_the_noise_does_not_leap_past_the_limit():
         # The answer is one every plain run of it fits (the top of the noise: +24 MiB).
         assert 300 * MiB + MiB * result.recommended + 24 * MiB <= limit / 0.9
     assert max(over) <= 2 and sum(over) / len(over) <= 0.5, over
+
+
+def test_a_fake_steps_bends_are_not_read_as_growth_faster_than_linear():
+    # The fake step's exact peaks of issue 30's MLP (4 Linear layers of 2048, Adam): the
+    # peak moves from the optimizer's step to the backward as the batch grows, so its
+    # slope goes 16, 33, then 48 KiB a sample. A least-squares fit read that as a square
+    # ("memory grows faster than linearly", of an MLP).
+    from torchmem.tuning.model import fit_exact
+
+    def mlp(b: int) -> int:
+        return max(100_876_376 + 16_392 * b, 84_434_776 + 32_776 * b, 50_522_072 + 49_160 * b)
+
+    sizes = [1, 8, 64, 512, 1448, 4096]
+    fit = fit_exact([(b, mlp(b)) for b in sizes])
+    assert not fit.is_quadratic, fit
+    assert fit.peak(1448) == pytest.approx(mlp(1448)) and fit.peak(4096) == pytest.approx(mlp(4096))
+    # Never under the truth where the answer lies (between the top two sizes).
+    assert all(fit.peak(b) >= mlp(b) for b in range(1448, 4097, 16))
+    model = Model(600 * MiB, 48 * 1024, noise=0.0, capacity=1.1 * GiB)
+    result = BatchSearch(model, 1 * GiB, 1, 4096, prior=fit).run()
+    assert not any("faster than linearly" in n for n in result.notes), result.notes
+
+    # A real square (a contrastive loss's batch-by-batch matrix): the chord is still
+    # never under it between the top two sizes.
+    def contrastive(b: int) -> int:
+        return 5 * MiB + 4096 * b + 12 * b * b
+
+    chord = fit_exact([(b, contrastive(b)) for b in sizes])
+    assert all(chord.peak(b) >= contrastive(b) for b in range(1448, 4097, 16))

@@ -91,6 +91,29 @@ def fit_peaks(batches: list[float], peaks: list[float], allow_quadratic: bool = 
     return best
 
 
+def fit_exact(points: list[tuple[int, int]]) -> Fit:
+    """The model of a fake step's peaks (exact: no noise): the line through the two
+    largest sizes, where the answer lies (the fake steps stop at the first size past the
+    limit).
+
+    A step's peak is the largest of its moments' tensor bytes, each a line in the batch
+    (plus a square where a tensor is batch by batch, as in a contrastive loss), so the
+    peaks bend upward wherever the peak moves from one moment to another. The MLP of
+    issue 30 grows 16, 33, then 48 KiB a sample as its peak moves from the optimizer's
+    step to the backward. A least-squares fit over the whole range read those bends as a
+    quadratic term, said "memory grows faster than linearly" of an MLP, and overstated
+    every larger size. Peaks that only bend upward lie under their chords: the line
+    through the top two points is exact at both and never under the truth between them.
+    Where the growth is a real square, the chord holds too, and the trials' own fit finds
+    the square once they span four sizes. From exact points alone the two cannot be told
+    apart: the MLP's bends lie within 0.2% of a parabola through any three of its sizes.
+    """
+    pts = sorted(dict(points).items())
+    (b1, p1), (b2, p2) = pts[-2:]
+    slope = (p2 - p1) / (b2 - b1)
+    return Fit(p2 - slope * b2, slope, 0.0, 0.0, len(pts))
+
+
 def _lstsq(x: np.ndarray, y: np.ndarray, degree: int) -> tuple[list[float], float]:
     # Columns scaled to unit size: batch² of 4096 next to 1 would make the system
     # ill-conditioned.

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from torchmem.sources.children import end_tree
-from torchmem.tuning.model import Fit, fit_peaks
+from torchmem.tuning.model import Fit, fit_exact, fit_peaks
 from torchmem.tuning.search import TuneCancelled
 from torchmem.tuning.trial import TrialPlan, start_child
 
@@ -146,7 +146,7 @@ def predict(
     points = [(int(b), int(p)) for b, p in data.get("points", [])]
     prediction = Prediction(points, None, seconds, data.get("error"), list(data.get("caveats", [])))
     if len({b for b, _ in points}) >= 2:
-        fit = fit_peaks([b for b, _ in points], [p for _, p in points])
+        fit = fit_exact(points)
         if fit.slope > 0 or fit.quadratic > 0:
             prediction.fit = fit
         elif prediction.error is None:
