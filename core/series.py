@@ -218,6 +218,13 @@ def scope_label(scope: str) -> str:
     return scope
 
 
+def device_label(name: str) -> str:
+    """``rank 2 · cpu`` for a device of one process of a job (``rank2/cpu``, as censuses
+    name it); the device itself (``cuda:0``) for a single process."""
+    scope, device = split_device(name)
+    return f"{scope_label(scope)} · {device}" if scope else device
+
+
 def series_label(key: str) -> str:
     """A readable label for a series key, e.g. ``cuda:0 allocated``, ``rank 1 process RSS``."""
     scope, key = split_scope(key)

@@ -308,10 +308,12 @@ def test_the_breakdown_of_one_rank_follows_its_own_censuses(qtbot, window):
         window.session.submit(CensusTaken(float(step), step, census))
     window.bridge.flush()
     window.breakdown.refresh(force=True)
-    window.breakdown.device_combo.setCurrentText("rank0/cpu")
+    combo = window.breakdown.device_combo
+    combo.setCurrentIndex(combo.findData("rank0/cpu"))
+    assert combo.currentText() == "rank 0 · cpu"  # not the series' "rank0/cpu"
     window.breakdown.refresh(force=True)
     assert window.breakdown.stacked_totals() == [1.0, 2.0]  # KiB: rank 0's two censuses
-    assert "rank0/cpu: <b>2.00&nbsp;KiB</b>" in window.breakdown.legend.text()
+    assert "rank 0 · cpu: <b>2.00&nbsp;KiB</b>" in window.breakdown.legend.text()
 
 
 def test_what_changed_in_a_job_is_what_changed_in_that_rank(qtbot, window):
@@ -336,27 +338,27 @@ def test_the_tensors_breakdown_and_readings_follow_the_rank_chosen_in_the_toolba
     window.session.submit(CensusTaken(1.0, 1, scoped_census("rank0/cpu", [1024], 1)))
     window.session.submit(CensusTaken(2.0, 1, scoped_census("rank1/cpu", [4096, 512], 1)))
     window.bridge.flush()
-    assert "rank1/cpu" in window.tensors.headline.text()  # every rank: the newest
+    assert "rank 1 · cpu" in window.tensors.headline.text()  # every rank: the newest
     combo = window.rank_combo
     qtbot.waitUntil(lambda: combo.findData("rank0") >= 0, timeout=5_000)
     combo.setCurrentIndex(combo.findData("rank1"))
-    assert window.breakdown.device_combo.currentText() == "rank1/cpu"
+    assert window.breakdown.device == "rank1/cpu"
     readings = window.readings
     shown = [k for k, r in readings._rows.items() if not readings.isRowHidden(r)]
     assert shown == ["rank1/cpu/rss"], "the readings follow the chosen rank too"
     combo.setCurrentIndex(combo.findData("rank0"))
     assert window.tensors.scope == "rank0"
-    assert window.breakdown.device_combo.currentText() == "rank0/cpu"
-    assert "rank0/cpu" in window.tensors.headline.text()
+    assert window.breakdown.device == "rank0/cpu"
+    assert "rank 0 · cpu" in window.tensors.headline.text()
     assert window.tensors.model.matching() == 1
     window.session.submit(CensusTaken(3.0, 2, scoped_census("rank1/cpu", [4096], 2)))
     window.bridge.flush()
-    assert "rank0/cpu" in window.tensors.headline.text(), "rank 1's census does not replace it"
+    assert "rank 0 · cpu" in window.tensors.headline.text(), "rank 1's census does not replace it"
     combo.setCurrentIndex(combo.findData("rank2"))
     assert window.tensors.headline.text() == "No census of rank 2 yet."
     assert window.tensors.model.matching() == 0
     combo.setCurrentIndex(0)  # every rank
-    assert window.tensors.scope is None and "rank1/cpu" in window.tensors.headline.text()
+    assert window.tensors.scope is None and "rank 1 · cpu" in window.tensors.headline.text()
 
 
 def test_a_filter_says_how_many_match_and_a_new_run_starts_unfiltered(qtbot, window):

@@ -225,8 +225,9 @@ def test_a_three_rank_jobs_views_totals_and_recording_agree_per_rank(qtbot, make
     assert visible and all(k.startswith("rank2/") for k in visible)
     shown = [k for k, row in window.readings._rows.items() if not window.readings.isRowHidden(row)]
     assert shown and all(k.startswith("rank2/") for k in shown)
-    assert window.tensors.scope == "rank2" and "rank2/cpu" in window.tensors.headline.text()
-    assert window.breakdown.device_combo.currentText() == "rank2/cpu"
+    assert window.tensors.scope == "rank2" and "rank 2 · cpu" in window.tensors.headline.text()
+    assert window.breakdown.device == "rank2/cpu"
+    assert window.breakdown.device_combo.currentText() == "rank 2 · cpu"
 
     # The recording reopens with the same series, per rank and total, point for point.
     window.recordings.recorder.wait_closed()

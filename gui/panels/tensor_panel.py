@@ -27,7 +27,7 @@ from torchmem.events import CensusTaken
 from torchmem.gui.bridge import SessionBridge
 from torchmem.gui.panels.tensor_model import TensorModel
 from torchmem.gui.view_state import ViewState
-from torchmem.series import is_sum_scope, scope_label
+from torchmem.series import device_label, is_sum_scope, scope_label, split_device
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, Census, CensusDiff, StorageInfo, TensorInfo
 from torchmem.tensors.referrers import referrers_of
@@ -217,7 +217,8 @@ class TensorPanel(QWidget):
         parts = []
         for device in census.devices():
             n = sum(len(s.tensors) for s in census.storages.values() if s.device == device)
-            parts.append(f"<b>{device}</b> {format_bytes(census.total_bytes(device))} in {n:,}")
+            nbytes = format_bytes(census.total_bytes(device))
+            parts.append(f"<b>{device_label(device)}</b> {nbytes} in {n:,}")
         text = " · ".join(parts) + f" · {100 * census.named_share():.0f}% named · at {when}"
         if diff is not None and (diff.new or diff.freed):
             text += f" · +{len(diff.new):,} / −{len(diff.freed):,} storages"
@@ -232,11 +233,11 @@ class TensorPanel(QWidget):
             unique, naive = census.total_bytes(device), census.naive_bytes(device)
             n = sum(len(s.tensors) for s in census.storages.values() if s.device == device)
             line = (
-                f"<b>{device}</b>: {format_bytes(unique)} in {n:,} tensors (unique storage "
-                f"bytes) · naive sum {format_bytes(naive)}"
+                f"<b>{device_label(device)}</b>: {format_bytes(unique)} in {n:,} tensors "
+                f"(unique storage bytes) · naive sum {format_bytes(naive)}"
             )
             allocated = latest.get(f"{device}/allocated", (math.nan, 0))[0]
-            if device != "cpu" and not math.isnan(allocated):
+            if split_device(device)[1] != "cpu" and not math.isnan(allocated):
                 line += f" · {format_bytes(allocated - unique)} {GAP_LABEL}"
             kinds = census.bytes_by_kind(device)
             parts = [f"{KIND_LABELS[k]} {format_bytes(v)}" for k, v in kinds.items() if v]

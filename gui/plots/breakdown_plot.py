@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidg
 from torchmem.events import CensusTaken
 from torchmem.gui.bridge import SessionBridge
 from torchmem.gui.view_state import ViewState
+from torchmem.series import device_label, split_device
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, KINDS
 from torchmem.units import UNITS, auto_unit, format_bytes
@@ -109,13 +110,18 @@ class BreakdownPlot(QWidget):
     def _pick_scope_device(self) -> None:
         if not self.scope:
             return
-        current = self.device_combo.currentText()
-        if current.startswith(f"{self.scope}/"):
+        if split_device(self.device)[0] == self.scope:
             return
         for i in range(self.device_combo.count()):
-            if self.device_combo.itemText(i).startswith(f"{self.scope}/"):
+            if split_device(self.device_combo.itemData(i))[0] == self.scope:
                 self.device_combo.setCurrentIndex(i)  # redraws through currentTextChanged
                 return
+
+    @property
+    def device(self) -> str:
+        """The device shown, as censuses name it (``cpu``, ``rank1/cuda:0``); "" before
+        the first census."""
+        return self.device_combo.currentData() or ""
 
     @Slot()
     def bind(self, bridge: SessionBridge) -> None:
@@ -140,19 +146,20 @@ class BreakdownPlot(QWidget):
         self.legend.setVisible(bool(history))
         self.plot.setVisible(bool(history))
         devices = sorted({d for _, _, by in history for d in by}, key=lambda d: (d != "cpu", d))
-        current = self.device_combo.currentText()
-        if devices != [self.device_combo.itemText(i) for i in range(self.device_combo.count())]:
+        current = self.device
+        if devices != [self.device_combo.itemData(i) for i in range(self.device_combo.count())]:
             self.device_combo.blockSignals(True)
             self.device_combo.clear()
-            self.device_combo.addItems(devices)
+            for name in devices:  # "rank 2 · cpu", not the series' "rank2/cpu"
+                self.device_combo.addItem(device_label(name), name)
             if current in devices:
-                self.device_combo.setCurrentText(current)
+                self.device_combo.setCurrentIndex(devices.index(current))
             self.device_combo.blockSignals(False)
-            before = self.device_combo.currentText()
+            before = self.device
             self._pick_scope_device()  # the chosen rank's first census may just have come
-            if self.device_combo.currentText() != before:
+            if self.device != before:
                 return  # redrawn by the change of device
-        device = self.device_combo.currentText()
+        device = self.device
         # Attached to a job, the censuses of every process come in turn: a rank's chart
         # steps from its own censuses, not down to nothing at each census of another one.
         history = [entry for entry in history if device in entry[2]]
@@ -192,4 +199,4 @@ def _legend_html(newest: np.ndarray, device: str) -> str:
         if nbytes > 0
     ]
     total = format_bytes(float(newest.sum())).replace(" ", "&nbsp;")
-    return f"{device}: <b>{total}</b> &nbsp; " + " &nbsp; ".join(parts)
+    return f"{device_label(device)}: <b>{total}</b> &nbsp; " + " &nbsp; ".join(parts)
