@@ -438,10 +438,9 @@ def test_a_fake_steps_bends_are_not_read_as_growth_faster_than_linear():
     result = BatchSearch(model, 1 * GiB, 1, 4096, prior=fit).run()
     assert not any("faster than linearly" in n for n in result.notes), result.notes
 
-    # A real square (a contrastive loss's batch-by-batch matrix): the chord is still
-    # never under it between the top two sizes.
+    # A real square (a contrastive loss's batch-by-batch matrix) is kept, exactly.
     def contrastive(b: int) -> int:
         return 5 * MiB + 4096 * b + 12 * b * b
 
-    chord = fit_exact([(b, contrastive(b)) for b in sizes])
-    assert all(chord.peak(b) >= contrastive(b) for b in range(1448, 4097, 16))
+    square = fit_exact([(b, contrastive(b)) for b in sizes])
+    assert square.quadratic == pytest.approx(12) and square.slope == pytest.approx(4096)
