@@ -43,6 +43,7 @@ from torchmem.series import (
     TOTAL_SCOPE,
     is_node_scope,
     is_sum_scope,
+    scope_label,
     split_device,
     split_key,
     split_scope,
@@ -306,7 +307,7 @@ class Session:
                     peaks[f"{device}_rss"] = self._peak(key, buf)
                 elif metric in ("peak_allocated", "allocated") and buf.count:
                     peaks[device] = max(peaks.get(device, 0.0), buf.peak)
-        return dict(sorted(peaks.items(), key=lambda kv: _scope_order(kv[0])))
+        return dict(sorted(peaks.items(), key=lambda kv: peak_order(kv[0])))
 
     def peaks_of(self, metric: str) -> dict[str, int]:
         """The highest reading of ``metric`` per device (``{"cuda:0": ...}`` for
@@ -388,11 +389,14 @@ def scope_order(scope: str) -> tuple[bool, bool, list[Any]]:
 
 def peak_label(key: str) -> str:
     """How a :meth:`Session.peak_bytes` key reads to a user: ``cpu_rss`` is "RSS", a
-    device keeps its name."""
-    return "RSS" if key == "cpu_rss" else key
+    device keeps its name, a process of a job says which (``rank2/cpu_rss``: "rank 2 RSS",
+    ``total/cuda:0``: "total cuda:0")."""
+    scope, name = split_device(key)
+    label = "RSS" if name == "cpu_rss" else name
+    return f"{scope_label(scope)} {label}" if scope else label
 
 
-def _scope_order(key: str) -> tuple[bool, list[Any]]:
+def peak_order(key: str) -> tuple[bool, list[Any]]:
     """Sort key of a summary's peak (``rank2/cpu_rss``): rank 2 before rank 10, a job's
     total last."""
     parts = re.split(r"(\d+)", key)

@@ -225,3 +225,31 @@ def test_record_on_the_command_line_is_checked_before_a_window_opens(tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2 and "already exists" in r.stderr
+
+
+def test_runs_of_a_job_compare_with_readable_peaks_in_rank_order(qtbot, tmp_path):
+    """The compare table named a job's peaks "rank10/cpu_rss" and put rank 10 before 2."""
+    from torchmem.events import JobMembers, RunStarted, Sample
+    from torchmem.gui.windows.compare_window import CompareWindow
+    from torchmem.record.recorder import start_recording
+    from torchmem.session import Session
+
+    ranks = ("rank0", "rank2", "rank10")
+    recordings = []
+    for name in ("before", "after"):
+        live = Session()
+        path = tmp_path / f"{name}.tmsession"
+        recorder = start_recording(path, live, "run", f"/x/{name}.py")
+        live.submit(RunStarted(0.0, f"/x/{name}.py", ()))
+        live.submit(JobMembers(0.0, ranks))
+        for t in (1.0, 2.0):
+            live.submit(Sample(t, {f"{rank}/cpu/rss": 1e8 * t for rank in ranks}))
+        recorder.close()
+        recordings.append(load(path))
+    compare = CompareWindow(recordings)
+    qtbot.addWidget(compare)
+    headers = [
+        compare.table.horizontalHeaderItem(c).text() for c in range(compare.table.columnCount())
+    ]
+    peaks = [h for h in headers if h.startswith("Peak ")]
+    assert peaks == ["Peak rank 0 RSS", "Peak rank 2 RSS", "Peak rank 10 RSS", "Peak total RSS"]

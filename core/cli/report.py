@@ -17,7 +17,7 @@ from typing import Any
 
 from torchmem.leaks.oom import explain_oom
 from torchmem.record.census_diff import diff_by_name, recorded_censuses
-from torchmem.record.compare import compare_row, run_labels
+from torchmem.record.compare import compare_row, peak_keys, run_labels
 from torchmem.record.library import list_sessions, sessions_dir
 from torchmem.record.replay import Recording, load
 from torchmem.record.store import RecordError
@@ -197,7 +197,7 @@ def compare(paths: list[str], as_json: bool) -> int:
     if as_json:
         print(json.dumps([row.to_json() for row in rows], indent=2))
         return 0
-    devices = sorted({d for row in rows for d in row.peaks})
+    devices = peak_keys(rows)
     name_width = max(len(row.name) for row in rows)
     header = f"{'RUN':<{name_width}}  {'ENDED':<18} {'DURATION':>9} {'STEPS':>7} {'STEP':>9}"
     header += "".join(f" {'PEAK ' + peak_label(d):>20}" for d in devices)

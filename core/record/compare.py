@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from torchmem.record.replay import Recording
+from torchmem.session import peak_order
 
 Axis = Literal["time", "steps"]
 
@@ -103,6 +104,12 @@ def compare_row(recording: Recording, summary: dict[str, Any], name: str = "") -
         alerts=len(summary["alerts"]),
         allocator=dict(allocator) if isinstance(allocator, dict) else {},
     )
+
+
+def peak_keys(rows: list[CompareRow]) -> list[str]:
+    """The peaks any of ``rows`` has, one column each: a job's ranks in order (rank 2
+    before rank 10), its total last."""
+    return sorted({key for row in rows for key in row.peaks}, key=peak_order)
 
 
 def common_keys(recordings: list[Recording]) -> list[str]:

@@ -20,7 +20,14 @@ from PySide6.QtWidgets import (
 
 from torchmem.gui.forms import read_only_table
 from torchmem.gui.theme import follow_palette
-from torchmem.record.compare import CompareRow, aligned, common_keys, compare_row, run_labels
+from torchmem.record.compare import (
+    CompareRow,
+    aligned,
+    common_keys,
+    compare_row,
+    peak_keys,
+    run_labels,
+)
 from torchmem.record.replay import Recording
 from torchmem.report.recorded import recorded_summary
 from torchmem.series import series_label
@@ -88,7 +95,7 @@ class CompareWindow(QDialog):
         self.redraw()
 
     def _build_table(self) -> None:
-        devices = sorted({d for row in self.rows for d in row.peaks})
+        devices = peak_keys(self.rows)
         columns = [
             ("Run", "The recording's file name (hover a name for its path)"),
             ("Recorded", "When the run was recorded"),
