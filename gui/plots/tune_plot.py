@@ -173,6 +173,11 @@ class TunePlot(pg.PlotWidget):
             line.setVisible(batch is not None)
             if batch is not None:
                 line.setValue(math.log2(batch))
+        # One line, one label, where the answer is what the model predicted: two labels
+        # on one line ran into each other.
+        same = result is not None and result.predicted == result.recommended
+        self.predicted_line.label.setFormat("" if same else "predicted")
+        self.pick_line.label.setFormat("recommended = predicted" if same else "recommended")
         tried = [t.batch_size for t in trials] + (
             [result.predicted] if result and result.predicted else []
         )
@@ -213,7 +218,13 @@ class TunePlot(pg.PlotWidget):
         self.band.curves[1].setData(np.log2(xs), (ys + band) / scale)
 
     def _draw_rates(self, trials: Sequence[Trial], result: TuneResult | None) -> None:
-        rated = sorted((t.batch_size, t.samples_per_s) for t in trials if t.samples_per_s and t.ok)
+        runs: dict[int, list[float]] = {}
+        for t in trials:
+            if t.samples_per_s and t.ok:
+                runs.setdefault(t.batch_size, []).append(t.samples_per_s)
+        # One point per size, the median of its runs: repeats of a size drew the line up
+        # and down on one spot.
+        rated = sorted((b, float(np.median(r))) for b, r in runs.items())
         self.rate_curve.setData([math.log2(b) for b, _ in rated], [r for _, r in rated])
         knee = result.knee if result else None
         rates = dict(rated)
@@ -239,5 +250,7 @@ def _line(
         angle=angle,
         pen=pg.mkPen(color, style=style, width=width),
         label=label,
-        labelOpts={"position": position, "color": color},
+        # A vertical line's label to its left: the largest size sits at the plot's right
+        # edge, which cut a centred label off.
+        labelOpts={"position": position, "color": color, "anchors": [(0.5, 0), (1, 0.5)]},
     )
