@@ -6,6 +6,7 @@ import csv
 
 import psutil
 import pytest
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QScrollArea
 
 from torchmem.gui.panels.lab_panel import LabPanel
@@ -155,6 +156,25 @@ def test_the_lab_and_tune_tabs_fit_a_short_window_and_their_buttons_can_be_reach
     QApplication.processEvents()
     plot = panels.tune.plot.getPlotItem()
     assert plot.vb.height() >= plot.getAxis("left").label.boundingRect().width()
+
+
+def test_the_tune_tab_opens_with_room_to_work_in(qtbot, make_window):
+    # Opened under the traces it kept the Log's height: a tuning's plot and its table of
+    # trials got two rows each in a 1400x900 window.
+    window = make_window()
+    window.resize(1400, 900)
+    window.show()
+    qtbot.waitExposed(window)
+    window.act_tune.trigger()
+    qtbot.waitUntil(lambda: window.tune_dock.height() >= window.height() * 2 // 5)
+    opened = window.tune_dock.height()
+    window.resizeDocks([window.tune_dock], [window.height() * 2 // 3], Qt.Vertical)
+    qtbot.waitUntil(lambda: window.tune_dock.height() > opened)
+    taller = window.tune_dock.height()
+    window.act_lab.trigger()
+    window.act_tune.trigger()  # opened again: the height the user gave it is kept
+    QApplication.processEvents()
+    assert window.tune_dock.height() == taller
 
 
 def test_the_empty_plots_frame_the_sizes_and_several_decades(qtbot, panel):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, Slot
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QObject, Qt, Slot
+from PySide6.QtWidgets import QApplication, QDockWidget
 
 from torchmem.gui.theme import follow_palette
 
@@ -66,16 +66,26 @@ class LazyPanels(QObject):
 
     def open_lab(self) -> None:
         """Show the Lab panel."""
-        self.window.lab_dock.show()
-        self.window.lab_dock.raise_()
+        self._open(self.window.lab_dock)
         self.lab.op_list.setFocus()
 
     def open_tune(self) -> None:
         """Show the Tune panel, with the current script and its arguments."""
         self.tune.set_script(self.window.script, self.window.script_args)
-        self.window.tune_dock.show()
-        self.window.tune_dock.raise_()
+        self._open(self.window.tune_dock)
         self.tune.script_edit.setFocus()
+
+    def _open(self, dock: QDockWidget) -> None:
+        """Show ``dock`` with room to work in: half the window's height where it had less.
+        Under the traces it kept the Log's height, and a tuning's plot and table got two
+        rows each (1400x900 window). A dock the user made taller stays as it is."""
+        dock.show()
+        dock.raise_()
+        if dock.isFloating():
+            return
+        wanted = self.window.height() // 2
+        if dock.height() < wanted:
+            self.window.resizeDocks([dock], [wanted], Qt.Vertical)
 
     @Slot(str, list)
     def _use_batch_size(self, script: str, args: list) -> None:
