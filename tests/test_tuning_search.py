@@ -444,3 +444,19 @@ def test_a_fake_steps_bends_are_not_read_as_growth_faster_than_linear():
 
     square = fit_exact([(b, contrastive(b)) for b in sizes])
     assert square.quadratic == pytest.approx(12) and square.slope == pytest.approx(4096)
+
+
+def test_a_script_the_fake_step_saw_read_the_option_is_never_said_not_to_read_it():
+    # Issue 30's MLP: 44 KiB a sample under the noise of 600 MiB processes. The runs alone
+    # cannot tell its growth from none, and it was told it "does not seem to read
+    # --batch-size"; the fake step had seen its tensors grow with the batch.
+    from torchmem.tuning.model import Fit
+
+    said = []
+    for seed in range(5):
+        script = HeapNoise(seed, fixed=300 * MiB, per_sample=2 * 1024)
+        prior = Fit(intercept=100 * MiB, slope=2 * 1024)
+        result = BatchSearch(script, 2 * GiB, 1, 4096, prior=prior).run()
+        assert result.effect.value in ("negligible", "grows"), result.effect
+        said.append(result.explain("--batch-size")[0])
+    assert not any("does not seem to read" in line for line in said), said
