@@ -3,16 +3,19 @@
 :class:`~torchmem.tuning.search.BatchSearch` decides which size to try next; this is
 the record it decides from: the trials, the smallest size that failed and the largest
 that fitted, the scatter of identical runs, the fitted model of peak memory (anchored
-on a fake step's prediction while there are too few sizes of its own), and the notes
-the search hands back with its answer.
+on a fake step's prediction while there are too few sizes of its own), whether the
+batch moves memory by more than that scatter at all, and the notes the search hands back
+with its answer.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from torchmem.tuning.model import Fit, fit_peaks
-from torchmem.tuning.noise import Noise, measure_noise
+from torchmem.tuning.noise import BatchEffect, Noise, batch_effect, measure_noise
 from torchmem.tuning.outcome import Trial
 
 #: Reserved growing this much faster than allocated (per sample) is worth a note.
@@ -94,6 +97,34 @@ class Evidence:
             fit_sd=self._fit_sd(),
             visible=0.001 * self.limit,
         )
+
+    def effect(
+        self, minimum: int, maximum: int, resolution: float
+    ) -> tuple[BatchEffect, float | None]:
+        """Whether the batch moves memory by more than the noise over the range
+        ``minimum``..``maximum``, and by how much: read off a line through every run, once
+        the range's top was run. ``resolution`` is the measure's step (a rise under it is
+        none, whatever its standard error says)."""
+        runs = [
+            (t.batch_size, float(t.peak_bytes))
+            for t in self.trials
+            if t.ok and not t.oom and t.peak_bytes is not None
+        ]
+        sizes = np.array([b for b, _ in runs], dtype=float)
+        if maximum not in sizes or len(set(sizes.tolist())) < 2 or len(runs) < 3:
+            return BatchEffect.GROWS, None
+        peaks = np.array([p for _, p in runs])
+        slope, intercept = np.polyfit(sizes, peaks, 1)
+        residual_sd = float(
+            np.sqrt(np.sum((peaks - intercept - slope * sizes) ** 2) / (len(runs) - 2))
+        )
+        sigma = max(self.noise.sigma, residual_sd)
+        spread = float(np.sqrt(np.sum((sizes - sizes.mean()) ** 2)))
+        span = maximum - minimum
+        growth = float(slope) * span
+        growth_sd = max(sigma / spread * span, resolution / 3)
+        read = self.prior is not None and self.prior.slope > 0
+        return batch_effect(growth, growth_sd, self.noise, read), growth
 
     def _level(self, batch: int) -> float:
         """The mean peak to judge ``batch`` by: its runs' mean; while runs are noisy and

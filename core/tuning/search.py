@@ -20,7 +20,7 @@ import numpy as np
 
 from torchmem.tuning.evidence import Evidence
 from torchmem.tuning.model import Fit, Rounding, round_batch, throughput_knee
-from torchmem.tuning.noise import MARGIN_SDS, BatchEffect, batch_effect
+from torchmem.tuning.noise import MARGIN_SDS, BatchEffect
 from torchmem.tuning.outcome import Trial, TuneCancelled, TuneError, TuneResult
 from torchmem.tuning.outcome import bytes_or_unknown as _bytes
 
@@ -181,7 +181,7 @@ class BatchSearch(Evidence):
         if recommended is None:
             raise TuneError(self._unreliable())
         good = self.good or recommended
-        effect, growth = self._effect()
+        effect, growth = self.effect(self.minimum, self.maximum, self.resolution)
         if effect is BatchEffect.GROWS:
             rounded = round_batch(recommended, self.rounding, self.minimum)
             if rounded != recommended:
@@ -215,37 +215,6 @@ class BatchSearch(Evidence):
             maximum=self.maximum,
             growth=growth,
         )
-
-    def _effect(self) -> tuple[BatchEffect, float | None]:
-        """Whether the batch moves memory by more than the noise over the whole range, and
-        by how much: read off a line through every run, once the range's top was run."""
-        runs = [
-            (t.batch_size, float(t.peak_bytes))
-            for t in self.trials
-            if t.ok and not t.oom and t.peak_bytes is not None
-        ]
-        sizes = np.array([b for b, _ in runs], dtype=float)
-        if self.maximum not in sizes or len(set(sizes.tolist())) < 2 or len(runs) < 3:
-            return BatchEffect.GROWS, None
-        peaks = np.array([p for _, p in runs])
-        slope, intercept = np.polyfit(sizes, peaks, 1)
-        residual_sd = float(
-            np.sqrt(np.sum((peaks - intercept - slope * sizes) ** 2) / (len(runs) - 2))
-        )
-        sigma = max(self.noise.sigma, residual_sd)
-        spread = float(np.sqrt(np.sum((sizes - sizes.mean()) ** 2)))
-        span = self.maximum - self.minimum
-        growth = float(slope) * span
-        # Runs that agree closely may still sit on one of the measure's steps: a rise
-        # under its resolution is none, whatever its standard error says.
-        growth_sd = max(sigma / spread * span, self.resolution / 3)
-        effect = batch_effect(growth, growth_sd, self.noise)
-        if effect is BatchEffect.NONE and self.prior is not None and self.prior.slope > 0:
-            # The fake step saw the batch's tensors grow: the script reads the option, its
-            # samples are only small beside the noise (issue 30's MLP: 44 KiB a sample,
-            # 94-119 MiB over 1..4096 where identical runs differ by 46 MiB sd).
-            effect = BatchEffect.NEGLIGIBLE
-        return effect, growth
 
     def _note_noise(self, effect: BatchEffect) -> None:
         """Say when the noise takes a large share of the room the batch has: repeated
