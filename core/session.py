@@ -396,8 +396,8 @@ def peak_label(key: str) -> str:
     return f"{scope_label(scope)} {label}" if scope else label
 
 
-def peak_order(key: str) -> tuple[bool, list[Any]]:
-    """Sort key of a summary's peak (``rank2/cpu_rss``): rank 2 before rank 10, a job's
-    total last."""
-    parts = re.split(r"(\d+)", key)
-    return split_device(key)[0] == TOTAL_SCOPE, [int(p) if p.isdigit() else p for p in parts]
+def peak_order(key: str) -> tuple[tuple[bool, bool, list[Any]], str]:
+    """Sort key of a summary's peak (``rank2/cpu_rss``): its scope's place
+    (:func:`scope_order`: rank 2 before rank 10, the job's total last), then its name."""
+    scope, name = split_device(key)
+    return scope_order(scope), name
