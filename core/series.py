@@ -7,7 +7,9 @@ analyses and views take keys apart only through these helpers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,20 @@ def is_sum_scope(scope: str) -> bool:
     """True for the scopes torchmem adds up, which no process has: the job's ``total`` and
     a machine's (``@node1``)."""
     return scope == TOTAL_SCOPE or is_node_scope(scope)
+
+
+def scope_order(scope: str) -> tuple[bool, bool, list[Any]]:
+    """Sort key of a scope: processes (rank 2 before rank 10), then machines, the job's
+    total last."""
+    parts = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", scope)]
+    return scope == TOTAL_SCOPE, is_node_scope(scope), parts
+
+
+def device_order(name: str) -> tuple[tuple[bool, bool, list[Any]], bool, str]:
+    """Sort key of a census's device (``rank2/cpu``): its scope's place (:func:`scope_order`),
+    then the CPU before the accelerators."""
+    scope, device = split_device(name)
+    return scope_order(scope), device != "cpu", device
 
 
 def scope_label(scope: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections import deque
@@ -40,10 +39,9 @@ from torchmem.job_totals import JobTotals
 from torchmem.retry_streaks import RetryStreaks
 from torchmem.series import (
     KERNEL_PEAK,
-    TOTAL_SCOPE,
-    is_node_scope,
     is_sum_scope,
     scope_label,
+    scope_order,
     split_device,
     split_key,
     split_scope,
@@ -378,13 +376,6 @@ def census_scope(census: Any) -> str:
     for storage in census.storages.values():
         return split_device(storage.key[0])[0]
     return ""
-
-
-def scope_order(scope: str) -> tuple[bool, bool, list[Any]]:
-    """Sort key of a scope: processes (rank 2 before rank 10), then machines, the job's
-    total last."""
-    parts = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", scope)]
-    return scope == TOTAL_SCOPE, is_node_scope(scope), parts
 
 
 def peak_label(key: str) -> str:

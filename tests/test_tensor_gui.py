@@ -316,6 +316,18 @@ def test_the_breakdown_of_one_rank_follows_its_own_censuses(qtbot, window):
     assert "rank 0 · cpu: <b>2.00&nbsp;KiB</b>" in window.breakdown.legend.text()
 
 
+def test_the_breakdown_lists_a_jobs_devices_in_rank_order(qtbot, window):
+    """Rank 10's devices came before rank 2's (a plain sort of "rank10/cpu", "rank2/cpu")."""
+    for step, device in enumerate(["rank10/cpu", "rank2/cuda:0", "rank2/cpu", "rank1/cpu"]):
+        window.session.submit(CensusTaken(float(step), step, scoped_census(device, [1024], step)))
+    window.bridge.flush()
+    window.breakdown.refresh(force=True)
+    combo = window.breakdown.device_combo
+    assert [combo.itemText(i) for i in range(combo.count())] == [
+        "rank 1 · cpu", "rank 2 · cpu", "rank 2 · cuda:0", "rank 10 · cpu",
+    ]  # fmt: skip
+
+
 def test_what_changed_in_a_job_is_what_changed_in_that_rank(qtbot, window):
     """A rank's census is compared with that rank's previous one, not with the other
     rank's that came in between (every storage read as new, every other one as freed)."""

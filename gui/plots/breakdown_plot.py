@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidg
 from torchmem.events import CensusTaken
 from torchmem.gui.bridge import SessionBridge
 from torchmem.gui.view_state import ViewState
-from torchmem.series import device_label, split_device
+from torchmem.series import device_label, device_order, split_device
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, KINDS
 from torchmem.units import UNITS, auto_unit, format_bytes
@@ -145,7 +145,7 @@ class BreakdownPlot(QWidget):
         self.empty.setVisible(not history)
         self.legend.setVisible(bool(history))
         self.plot.setVisible(bool(history))
-        devices = sorted({d for _, _, by in history for d in by}, key=lambda d: (d != "cpu", d))
+        devices = sorted({d for _, _, by in history for d in by}, key=device_order)
         current = self.device
         if devices != [self.device_combo.itemData(i) for i in range(self.device_combo.count())]:
             self.device_combo.blockSignals(True)
