@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import platform
 import struct
@@ -70,7 +69,7 @@ def write_snapshot(path: Path, events: int) -> None:
                 out.write(b"(" + b"".join(batch) + b"e")
                 batch = []
         if batch:
-            out.write(b"(" + b"".join(batch) + b"e" if len(batch) > 1 else batch[0] + b"a")
+            out.write((b"(" + b"".join(batch) + b"e") if len(batch) > 1 else (batch[0] + b"a"))
         out.write(b"a" + b"u" + b".")  # the trace into device_traces; the dict's items; STOP
 
 
@@ -166,13 +165,6 @@ def _int(n: int) -> bytes:
     return b"\x8a" + bytes([len(data)]) + data
 
 
-def _or_skipped(value: str | int) -> str:
-    """A pickle figure, or why there is none (its objects would not fit in memory)."""
-    if value in (0, "nan s"):
-        return "skipped (> 1.5 GiB file)"
-    return format_bytes(value) if isinstance(value, int) else value
-
-
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     started = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
@@ -199,25 +191,18 @@ def main() -> None:
         write_snapshot(path, args.events)
         print(f"wrote {args.events:,} events: {format_bytes(path.stat().st_size)} in "
               f"{time.perf_counter() - started:.1f} s")  # fmt: skip
+    size = path.stat().st_size
     info = [sys.executable, "-m", "torchmem", "snapshot", "info", "--json", str(path)]
     cold, out = timed(info, env)
     data = json.loads(out)
     warm, _ = timed(info, env)
     # The worker's own peak: index the file again in a process that reports its VmHWM,
-    # with the native scanner and with pickle (what an install without a compiler does).
+    # with the native scanner (and below with pickle, what an install without a compiler
+    # does).
     read_s, read_peak = peak_of(
         f"from torchmem.snapshots.open import index_snapshot\n"
         f"index_snapshot({str(path)!r}, {str(folder / 'again.npz')!r})", env
     )  # fmt: skip
-    # Pickle holds every event as objects, about 2 GiB per million events: past 1.5 GiB of
-    # file (6 million events) that is more than this machine's memory can spare.
-    objects = path.stat().st_size <= 1.5 * (1 << 30)
-    pickled_s, pickled_peak = math.nan, 0
-    if objects:
-        pickled_s, pickled_peak = peak_of(
-            f"from torchmem.snapshots.open import index_snapshot\n"
-            f"index_snapshot({str(path)!r}, {str(folder / 'pickled.npz')!r}, native=False)", env
-        )  # fmt: skip
     _, view_peak = peak_of(
         f"from torchmem.snapshots.open import open_snapshot\n"
         f"from torchmem.snapshots import analysis\n"
@@ -226,20 +211,27 @@ def main() -> None:
         f"analysis.category_curves(i, 0)\n"
         f"analysis.by_owner(i, analysis.live_at(i, 0, line.peak[2]))", env
     )  # fmt: skip
-    load_s, load_peak = math.nan, 0
-    if objects:
-        load = f"import pickle\nd = pickle.load(open({str(path)!r}, 'rb'))"
-        load_s, load_peak = peak_of(load, env)
+    # Pickle holds every event as objects, about 2 GiB per million events: past 1.5 GiB of
+    # file (6 million events) that is more than this machine's memory can spare.
+    pickled_time = pickled_rss = load_time = load_rss = "skipped (> 1.5 GiB file)"
+    if size <= 1.5 * (1 << 30):
+        took, peak = peak_of(
+            f"from torchmem.snapshots.open import index_snapshot\n"
+            f"index_snapshot({str(path)!r}, {str(folder / 'pickled.npz')!r}, native=False)", env
+        )  # fmt: skip
+        pickled_time, pickled_rss = f"{took:.1f} s", format_bytes(peak)
+        took, peak = peak_of(f"import pickle\nd = pickle.load(open({str(path)!r}, 'rb'))", env)
+        load_time, load_rss = f"{took:.1f} s", format_bytes(peak)
     _, base_peak = peak_of("import torchmem", env)
     print(
         f"\nmachine: {platform.node()} · {psutil.cpu_count()} CPUs · "
         f"{format_bytes(psutil.virtual_memory().total)} · Python {platform.python_version()}"
     )
-    print(f"file: {format_bytes(path.stat().st_size)}, {data['events']:,} events, peak "
+    print(f"file: {format_bytes(size)}, {data['events']:,} events, peak "
           f"{format_bytes(data['peak_active_bytes'])}\n")  # fmt: skip
     # The targets are for files of 1 GiB and more: 15 s; and 10 s for ten million events
     # (issue 33's bar: Chrome's trace viewer gives up beyond about 600,000).
-    limit = 10 if data["events"] >= 10_000_000 else 15 if path.stat().st_size >= 1 << 30 else 0
+    limit = 10 if data["events"] >= 10_000_000 else 15 if size >= 1 << 30 else 0
     rows = [
         ("snapshot info, first time (read + index)", f"{cold:.1f} s", f"<= {limit or 15} s"),
         ("snapshot info, from the index", f"{warm:.2f} s", "<= 2 s"),
@@ -249,14 +241,14 @@ def main() -> None:
             format_bytes(read_peak),
             "(a child: never the window)",
         ),
-        ("reading worker (pickle, no compiler): time", _or_skipped(f"{pickled_s:.1f} s"), ""),
-        ("reading worker (pickle, no compiler): peak RSS", _or_skipped(pickled_peak), ""),
+        ("reading worker (pickle, no compiler): time", pickled_time, ""),
+        ("reading worker (pickle, no compiler): peak RSS", pickled_rss, ""),
         ("index + timeline + live set: peak RSS", format_bytes(view_peak), "<= 1.5 GiB"),
         ("  of which Python + torchmem alone", format_bytes(base_peak), ""),
-        ("pickle.load of the whole file: peak RSS", _or_skipped(load_peak), "memory_viz's way"),
-        ("pickle.load of the whole file: time", _or_skipped(f"{load_s:.1f} s"), ""),
+        ("pickle.load of the whole file: peak RSS", load_rss, "memory_viz's way"),
+        ("pickle.load of the whole file: time", load_time, ""),
     ]
-    how = f"{data['events']:,} events, {format_bytes(path.stat().st_size)} pickle"
+    how = f"{data['events']:,} events, {format_bytes(size)} pickle"
     report.row(
         "snapshot: first open (read + index)",
         f"{cold:.1f} s",

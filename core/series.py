@@ -215,8 +215,9 @@ def scope_order(scope: str) -> tuple[bool, bool, list[Any]]:
 
 
 def device_order(name: str) -> tuple[tuple[bool, bool, list[Any]], bool, str]:
-    """Sort key of a census's device (``rank2/cpu``): its scope's place (:func:`scope_order`),
-    then the CPU before the accelerators."""
+    """Sort key of a name within a scope: a census's device (``rank2/cpu``) or a summary's
+    peak (``rank2/cpu_rss``, ``total/cuda:0``). Its scope's place first (:func:`scope_order`:
+    rank 2 before rank 10, the job's total last), then the CPU, then by name."""
     scope, device = split_device(name)
     return scope_order(scope), device != "cpu", device
 

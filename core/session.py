@@ -39,6 +39,7 @@ from torchmem.job_totals import JobTotals
 from torchmem.retry_streaks import RetryStreaks
 from torchmem.series import (
     KERNEL_PEAK,
+    device_order,
     is_sum_scope,
     scope_label,
     scope_order,
@@ -305,7 +306,7 @@ class Session:
                     peaks[f"{device}_rss"] = self._peak(key, buf)
                 elif metric in ("peak_allocated", "allocated") and buf.count:
                     peaks[device] = max(peaks.get(device, 0.0), buf.peak)
-        return dict(sorted(peaks.items(), key=lambda kv: peak_order(kv[0])))
+        return dict(sorted(peaks.items(), key=lambda kv: device_order(kv[0])))
 
     def peaks_of(self, metric: str) -> dict[str, int]:
         """The highest reading of ``metric`` per device (``{"cuda:0": ...}`` for
@@ -385,10 +386,3 @@ def peak_label(key: str) -> str:
     scope, name = split_device(key)
     label = "RSS" if name == "cpu_rss" else name
     return f"{scope_label(scope)} {label}" if scope else label
-
-
-def peak_order(key: str) -> tuple[tuple[bool, bool, list[Any]], str]:
-    """Sort key of a summary's peak (``rank2/cpu_rss``): its scope's place
-    (:func:`scope_order`: rank 2 before rank 10, the job's total last), then its name."""
-    scope, name = split_device(key)
-    return scope_order(scope), name

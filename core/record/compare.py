@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from torchmem.record.replay import Recording
-from torchmem.session import peak_order
+from torchmem.series import device_order
 
 Axis = Literal["time", "steps"]
 
@@ -109,7 +109,7 @@ def compare_row(recording: Recording, summary: dict[str, Any], name: str = "") -
 def peak_keys(rows: list[CompareRow]) -> list[str]:
     """The peaks any of ``rows`` has, one column each: a job's ranks in order (rank 2
     before rank 10), its total last."""
-    return sorted({key for row in rows for key in row.peaks}, key=peak_order)
+    return sorted({key for row in rows for key in row.peaks}, key=device_order)
 
 
 def common_keys(recordings: list[Recording]) -> list[str]:

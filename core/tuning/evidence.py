@@ -49,6 +49,16 @@ class Evidence:
             if t.batch_size == batch and t.ok and t.peak_bytes is not None
         ]
 
+    def _runs(self) -> list[tuple[int, float]]:
+        """``(batch size, peak)`` of every run that ended well and within the limit's
+        reach (no out-of-memory error): what the noise and the batch's effect are read
+        from."""
+        return [
+            (t.batch_size, float(t.peak_bytes))
+            for t in self.trials
+            if t.ok and not t.oom and t.peak_bytes is not None
+        ]
+
     @property
     def failed(self) -> int | None:
         """The smallest size that did not fit (crossed the limit, or thrashed the
@@ -88,15 +98,7 @@ class Evidence:
     def noise(self) -> Noise:
         """The scatter of identical runs measured so far (with the fit's residuals once
         they disagree at all)."""
-        return measure_noise(
-            (
-                (t.batch_size, t.peak_bytes)
-                for t in self.trials
-                if t.ok and not t.oom and t.peak_bytes is not None
-            ),
-            fit_sd=self._fit_sd(),
-            visible=0.001 * self.limit,
-        )
+        return measure_noise(self._runs(), fit_sd=self._fit_sd(), visible=0.001 * self.limit)
 
     def effect(
         self, minimum: int, maximum: int, resolution: float
@@ -105,11 +107,7 @@ class Evidence:
         ``minimum``..``maximum``, and by how much: read off a line through every run, once
         the range's top was run. ``resolution`` is the measure's step (a rise under it is
         none, whatever its standard error says)."""
-        runs = [
-            (t.batch_size, float(t.peak_bytes))
-            for t in self.trials
-            if t.ok and not t.oom and t.peak_bytes is not None
-        ]
+        runs = self._runs()
         sizes = np.array([b for b, _ in runs], dtype=float)
         if maximum not in sizes or len(set(sizes.tolist())) < 2 or len(runs) < 3:
             return BatchEffect.GROWS, None

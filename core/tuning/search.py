@@ -306,11 +306,7 @@ class BatchSearch(Evidence):
         """The standard error of the answer near ``batch``, as a share of it: from how well
         the runs pin the mean peak there (a line through them all) and the noise margin
         (two sd, known to ``sqrt(2 dof)``), at the fit's slope."""
-        runs = [
-            (t.batch_size, float(t.peak_bytes))
-            for t in self.trials
-            if t.ok and not t.oom and t.peak_bytes is not None
-        ]
+        runs = self._runs()
         fit, noise = self.fit, self.noise
         if fit is None or len(runs) < 3 or noise.sigma <= 0:
             return 0.0
