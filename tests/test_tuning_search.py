@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from torchmem.tuning.model import fit_peaks, round_batch, throughput_knee
+from torchmem.tuning.model import Fit, fit_peaks, round_batch, throughput_knee
 from torchmem.tuning.search import BatchSearch, Trial, TuneCancelled, TuneError
 
 MiB = 1 << 20
@@ -291,7 +291,7 @@ def test_a_noisy_rss_recommendation_fits_every_plain_run_and_tunings_agree():
     limit = budget - budget // 10
     recommended = []
     over_limit = []
-    for seed in range(9):
+    for seed in range(150):
         script = HeapNoise(seed)
         result = BatchSearch(script, limit, 1, 4096).run()
         # Noise was measured where the answer is decided, and said.
@@ -305,10 +305,30 @@ def test_a_noisy_rss_recommendation_fits_every_plain_run_and_tunings_agree():
     # The margin aims at 2 sd: most runs stay under the limit too (the headroom takes the
     # rest), though a margin measured from a few runs is sometimes short.
     assert sum(over_limit) / len(over_limit) <= 0.1, over_limit
-    # Three tunings of the same script agree within 10%, three times over.
-    for i in range(0, 9, 3):
-        trio = recommended[i : i + 3]
-        assert max(trio) <= 1.1 * min(trio), recommended
+    # Three tunings of the same script agree within 10%: nine trios in ten (a margin
+    # measured from a few runs is itself noisy: 90 of 100 trios agreed over 300 seeds,
+    # whether the noise was pooled or the larger estimate taken).
+    trios = [recommended[i : i + 3] for i in range(0, len(recommended), 3)]
+    agreeing = sum(max(trio) <= 1.1 * min(trio) for trio in trios)
+    assert agreeing >= 0.85 * len(trios), (agreeing, trios)
+
+
+def test_a_few_noisy_repeats_do_not_refuse_a_size_that_fits():
+    # Issue 30's MLP at a 800 MiB budget: 540 MiB + 70 KiB a sample, and 0 to 3 heap
+    # chunks of 32 MiB kept in each run, so identical runs differ by up to 96 MiB, half
+    # the room. Two pairs of repeats that each drew 0 and 3 chunks read sd 68 MiB (it is
+    # 36): the search once refused batch 1 ("does not fit reliably", its runs 588 MiB on
+    # average under a 720 MiB limit) or recommended 1.
+    answers = []
+    for seed in range(100):
+        script = HeapNoise(seed, fixed=540 * MiB, per_sample=70 * 1024)
+        script.QUANTUM = 32 * MiB
+        prior = Fit(62.7 * MiB, 44.38 * 1024)
+        result = BatchSearch(script, 720 * MiB, 1, 4096, prior=prior, prior_share=0.2).run()
+        assert max(script.run(result.recommended) for _ in range(5)) <= 800 * MiB, seed
+        answers.append(result.recommended)
+    # Every size up to ~1200 fits every run under the limit: no answer is a tenth of it.
+    assert min(answers) >= 120, sorted(answers)[:5]
 
 
 def test_a_verified_size_within_the_noise_of_the_limit_is_not_recommended():

@@ -83,22 +83,32 @@ class Evidence:
         }
         return max(sizes) if sizes else None
 
+    def _fit_dof(self) -> int:
+        """The degrees of freedom of the runs about the fit (0 below two)."""
+        fit = self.fit
+        if fit is None:
+            return 0
+        dof = fit.points - (3 if fit.is_quadratic else 2)
+        return dof if dof >= 2 else 0
+
     def _fit_sd(self) -> float:
         """The standard deviation of the runs about the fit (0 below two degrees of
         freedom)."""
-        fit = self.fit
-        if fit is None:
+        dof = self._fit_dof()
+        if self.fit is None or not dof:
             return 0.0
-        terms = 3 if fit.is_quadratic else 2
-        if fit.points - terms < 2:
-            return 0.0
-        return fit.rms_residual * math.sqrt(fit.points / (fit.points - terms))
+        return self.fit.rms_residual * math.sqrt(self.fit.points / dof)
 
     @property
     def noise(self) -> Noise:
         """The scatter of identical runs measured so far (with the fit's residuals once
         they disagree at all)."""
-        return measure_noise(self._runs(), fit_sd=self._fit_sd(), visible=0.001 * self.limit)
+        return measure_noise(
+            self._runs(),
+            fit_sd=self._fit_sd(),
+            visible=0.001 * self.limit,
+            fit_dof=self._fit_dof(),
+        )
 
     def effect(
         self, minimum: int, maximum: int, resolution: float

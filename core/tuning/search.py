@@ -81,6 +81,9 @@ AGREE = 0.05
 #: standard error is under this share of it (three tunings then agree within 10%), while
 #: trials are left.
 PRECISION = 0.03
+#: No size is refused as unreliable on a noise measured with fewer degrees of freedom
+#: than this, while the smallest size's runs all fit (its sd is then known to ~30%).
+REFUSAL_DOF = 6
 #: When the batch adds less than this share of the first size's peak over the probes,
 #: the first size's own noise matters: it is run again.
 SMALL_GROWTH = 0.1
@@ -173,6 +176,9 @@ class BatchSearch(Evidence):
             self._repeat_first()
             self._verify(self._predict())
             recommended = self._confirm()
+            if recommended is None and self._measure_before_refusing():
+                self._verify(self._predict())
+                recommended = self._confirm()
         except _OutOfTrials:
             self._note(f"stopped after {self.max_trials} trials (--max-trials)")
             recommended = self._best_accepted()
@@ -253,6 +259,21 @@ class BatchSearch(Evidence):
             f"limit {_bytes(self.limit)}. Raise the budget, lower the headroom, or shrink "
             "the model."
         )
+
+    def _measure_before_refusing(self) -> bool:
+        """Nothing was accepted, yet every run of the smallest size fitted: the margin
+        that refused it may stand on a few repeats (two pairs that each drew 0 and 3 heap
+        chunks read sd 68 MiB where it is 36, and refused batch 1 of issue 30's MLP at
+        588 MiB under a 720 MiB limit). Run the smallest size again until it is accepted
+        or the noise stands on :data:`REFUSAL_DOF` degrees of freedom; True when it was
+        (the search then goes on from the noise now known)."""
+        while self.noise.dof < REFUSAL_DOF and all(
+            t.fits(self.limit) for t in self.trials if t.batch_size == self.minimum
+        ):
+            self._run(self.minimum, "repeat")
+            if self._accepted(self.minimum):
+                return True
+        return False
 
     def _best_accepted(self) -> int | None:
         """The largest size accepted so far (see :meth:`_accepted`)."""
