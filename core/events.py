@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from torchmem.series import scoped, split_scope
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -25,6 +27,27 @@ class Sample:
     t: float
     values: dict[str, float]
     step: int | None = None
+    #: The process of a job the readings are of (``rank1``, ``pid4242@node1``), set by
+    #: the source that follows it; empty for a run's one process. Its series are the
+    #: Session's ``rank1/cpu/rss`` (:meth:`series`): no source renames a reading.
+    scope: str = ""
+
+    def series(self) -> dict[str, float]:
+        """The readings under the Session's series keys: ``rank1/cpu/rss`` for a process
+        of a job, the keys themselves for a run's one process."""
+        if not self.scope:
+            return self.values
+        return {scoped(self.scope, key): value for key, value in self.values.items()}
+
+    @classmethod
+    def of_series(cls, t: float, series: dict[str, float], step: int | None = None) -> Sample:
+        """The sample :meth:`series` gave ``series`` from (a recording keeps series keys):
+        its process's readings under its scope field, where they all share one."""
+        scopes = {split_scope(key)[0] for key in series}
+        if len(scopes) != 1 or "" in scopes:
+            return cls(t, series, step)
+        scope = scopes.pop()
+        return cls(t, {split_scope(key)[1]: v for key, v in series.items()}, step, scope)
 
 
 class MarkerKind(str, Enum):
@@ -252,6 +275,12 @@ class CapacityKnown:
 
     t: float
     capacity: dict[str, int]
+    #: The process of a job whose devices these are (see :attr:`Sample.scope`).
+    scope: str = ""
+
+    def devices(self) -> dict[str, int]:
+        """The capacities under the Session's device names (``rank1/cuda:0``)."""
+        return {scoped(self.scope, device): n for device, n in self.capacity.items()}
 
 
 @dataclass(frozen=True, slots=True)

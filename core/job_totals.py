@@ -15,7 +15,7 @@ every other listener hear a rank's sample and its total in an order it had to re
 from __future__ import annotations
 
 from torchmem.events import JobMembers, Sample
-from torchmem.series import TOTAL_SCOPE, is_sum_scope, split_key, split_scope
+from torchmem.series import TOTAL_SCOPE, is_sum_scope, scoped, split_key
 
 #: Metrics whose sum over processes means something (byte counts, never a peak or a count).
 SUMMED = frozenset({"allocated", "reserved", "nvml_used", "rss", "uss"})
@@ -46,22 +46,22 @@ class JobTotals:
         members = self.members
         if members is None or sample.t < members.t:
             return {}
+        scope = sample.scope
+        if not scope or is_sum_scope(scope) or scope in members.ended:
+            return {}
         changed = set()
-        for key, value in sample.values.items():
-            scope, rest = split_scope(key)
-            if not scope or is_sum_scope(scope) or scope in members.ended:
-                continue
+        for rest, value in sample.values.items():
             if split_key(rest)[1] not in SUMMED:
                 continue
             self._latest.setdefault(rest, {})[scope] = value
             changed.add(rest)
         complete = [r for r in changed if self._expected <= self._latest[r].keys()]
-        totals = {f"{TOTAL_SCOPE}/{r}": sum(self._latest[r].values()) for r in complete}
+        totals = {scoped(TOTAL_SCOPE, r): sum(self._latest[r].values()) for r in complete}
         for rest in complete if members.nodes else ():
             by_node: dict[str, float] = {}
             for scope, value in self._latest[rest].items():
                 node = members.nodes.get(scope)
                 if node is not None:
                     by_node[node] = by_node.get(node, 0.0) + value
-            totals.update({f"{node}/{rest}": total for node, total in by_node.items()})
+            totals.update({scoped(node, rest): total for node, total in by_node.items()})
         return totals

@@ -212,10 +212,11 @@ class Session:
     def _apply(self, event: Event) -> None:
         if isinstance(event, Sample):
             self.samples += 1
-            for values in (event.values, self._job.fold(event)):
+            series = event.series()
+            for values in (series, self._job.fold(event)):
                 append_readings(self.series, event.t, values, self._recent, self._buckets)
             if event.step is not None:
-                self._retries.on_boundary(event.step, event.values)
+                self._retries.on_boundary(event.step, series)
         elif isinstance(event, Marker):
             if event.kind is MarkerKind.STEP:
                 self.steps.add(event.t, event.step)
@@ -239,7 +240,7 @@ class Session:
             by_device = {d: census.bytes_by_kind(d) for d in census.devices()}
             self.census_history.append((event.t, event.step, by_device))
         elif isinstance(event, CapacityKnown):
-            self._capacity.update(event.capacity)
+            self._capacity.update(event.devices())
         elif isinstance(event, JobMembers):
             self._job.on_members(event)
         elif isinstance(event, CommandResult):

@@ -92,23 +92,25 @@ def test_boundary_readings_thin_out_for_tiny_steps_and_recover_from_one_slow_rea
 def test_a_jobs_total_sums_the_latest_readings_once_every_rank_reported():
     session = Session()
     session.submit(JobMembers(0.0, ("rank0", "rank1")))
-    session.submit(Sample(1.0, {"rank0/cpu/rss": 100.0, "rank0/cuda:0/peak_allocated": 7.0}))
+    session.submit(Sample(1.0, {"cpu/rss": 100.0, "cuda:0/peak_allocated": 7.0}, scope="rank0"))
     assert "total/cpu/rss" not in session.series  # rank 1 has not reported: no total yet
-    session.submit(Sample(1.1, {"rank1/cpu/rss": 50.0}))
-    session.submit(Sample(1.2, {"rank0/cpu/rss": 120.0}))
+    session.submit(Sample(1.1, {"cpu/rss": 50.0}, scope="rank1"))
+    session.submit(Sample(1.2, {"cpu/rss": 120.0}, scope="rank0"))
     assert session.latest()["total/cpu/rss"][0] == 170.0  # rank 0's newest plus rank 1's
     assert session.arrays("total/cpu/rss")[1].tolist() == [150.0, 170.0]
     assert "total/cuda:0/peak_allocated" not in session.series  # peaks are never summed
     # Rank 1 ended: its last reading holds nothing any more, and a late one is left out.
     session.submit(JobMembers(0.0, ("rank0", "rank1"), ended=("rank1",)))
-    session.submit(Sample(1.3, {"rank0/cpu/rss": 130.0, "rank1/cpu/rss": 999.0}))
+    session.submit(Sample(1.3, {"cpu/rss": 130.0}, scope="rank0"))
+    session.submit(Sample(1.3, {"cpu/rss": 999.0}, scope="rank1"))
     assert session.latest()["total/cpu/rss"][0] == 130.0
     assert session.scopes() == ["rank0", "rank1", "total"]
 
 
 def test_without_a_jobs_members_no_total_is_made_up():
     session = Session()
-    session.submit(Sample(1.0, {"rank0/cpu/rss": 100.0, "cpu/rss": 5.0}))
+    session.submit(Sample(1.0, {"cpu/rss": 100.0}, scope="rank0"))
+    session.submit(Sample(1.0, {"cpu/rss": 5.0}))
     assert session.keys() == ["rank0/cpu/rss", "cpu/rss"]
 
 
@@ -116,8 +118,9 @@ def test_a_multi_node_job_gets_a_total_per_machine_that_the_job_total_does_not_c
     session = Session()
     nodes = {"rank0": "@a", "rank1": "@a", "rank2": "@b"}
     session.submit(JobMembers(0.0, tuple(nodes), nodes))
-    session.submit(Sample(1.0, {"rank0/cpu/rss": 10.0, "rank1/cpu/rss": 20.0}))
-    session.submit(Sample(1.1, {"rank2/cpu/rss": 5.0}))
+    session.submit(Sample(1.0, {"cpu/rss": 10.0}, scope="rank0"))
+    session.submit(Sample(1.0, {"cpu/rss": 20.0}, scope="rank1"))
+    session.submit(Sample(1.1, {"cpu/rss": 5.0}, scope="rank2"))
     latest = session.latest()
     assert latest["@a/cpu/rss"][0] == 30.0 and latest["@b/cpu/rss"][0] == 5.0
     assert latest["total/cpu/rss"][0] == 35.0, "machine totals are not counted again"
@@ -150,9 +153,9 @@ def test_listeners_hear_a_ranks_sample_and_the_alert_it_caused_never_a_total_of_
     session.subscribe(detector)
     heard: list[str] = []
     session.subscribe(
-        lambda e: heard.append(",".join(e.values) if isinstance(e, Sample) else type(e).__name__)
+        lambda e: heard.append(",".join(e.series()) if isinstance(e, Sample) else type(e).__name__)
     )
-    session.submit(Sample(1.0, {"rank0/cpu/rss": 150.0}))
+    session.submit(Sample(1.0, {"cpu/rss": 150.0}, scope="rank0"))
     assert heard == ["rank0/cpu/rss", "Alert"]
     assert session.alerts["leak:total/cpu/rss"].state is AlertState.ACTIVE
 
@@ -160,12 +163,14 @@ def test_listeners_hear_a_ranks_sample_and_the_alert_it_caused_never_a_total_of_
 def test_a_jobs_total_leaves_out_history_from_before_its_members_were_known():
     session = Session()
     session.submit(JobMembers(10.0, ("rank0",)))
-    session.submit(Sample(5.0, {"rank0/cpu/rss": 100.0}))  # replayed, from before the attach
+    session.submit(
+        Sample(5.0, {"cpu/rss": 100.0}, scope="rank0")
+    )  # replayed, from before the attach
     assert "total/cpu/rss" not in session.series
-    session.submit(Sample(10.5, {"rank0/cpu/rss": 100.0}))
+    session.submit(Sample(10.5, {"cpu/rss": 100.0}, scope="rank0"))
     assert session.latest()["total/cpu/rss"][0] == 100.0
     session.reset()  # a new run in the window: the old job's members do not carry over
-    session.submit(Sample(10.5, {"rank0/cpu/rss": 100.0}))
+    session.submit(Sample(10.5, {"cpu/rss": 100.0}, scope="rank0"))
     assert "total/cpu/rss" not in session.series
 
 

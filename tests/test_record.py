@@ -410,7 +410,7 @@ def test_a_run_that_vanished_when_ram_ran_out_is_blamed_on_the_oom_killer(tmp_pa
     job = Session()
     for i in range(30):
         values = {"system/available": 8 * 2**30 - i * 280 * 2**20, "cpu/rss": 1e9 + i * 3e8}
-        job.submit(Sample(i * 0.1, {f"rank1/{k}": v for k, v in values.items()}))
+        job.submit(Sample(i * 0.1, values, scope="rank1"))
     assert oom_killer_hint(job, total) == ""
     assert "72.00 MiB" in oom_killer_hint(job, total, prefix="rank1/")
     # The recording stops there (the monitor was killed too): its report says why, likely.
@@ -568,7 +568,7 @@ def test_a_recorded_job_reopens_with_the_totals_it_had_live(tmp_path, monkeypatc
     live.submit(JobMembers(0.0, tuple(nodes), nodes))
     for i in range(3_000):
         rank = i % 3
-        live.submit(Sample(i * 0.1, {f"rank{rank}/cpu/rss": 1e8 * (rank + 1) + i * 1e4}))
+        live.submit(Sample(i * 0.1, {"cpu/rss": 1e8 * (rank + 1) + i * 1e4}, scope=f"rank{rank}"))
         if i == 2_000:  # rank 1 ended: the totals go on without it
             live.submit(JobMembers(0.0, tuple(nodes), nodes, ended=("rank1",)))
     recorder.close()

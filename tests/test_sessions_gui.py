@@ -243,7 +243,8 @@ def test_runs_of_a_job_compare_with_readable_peaks_in_rank_order(qtbot, tmp_path
         live.submit(RunStarted(0.0, f"/x/{name}.py", ()))
         live.submit(JobMembers(0.0, ranks))
         for t in (1.0, 2.0):
-            live.submit(Sample(t, {f"{rank}/cpu/rss": 1e8 * t for rank in ranks}))
+            for rank in ranks:
+                live.submit(Sample(t, {"cpu/rss": 1e8 * t}, scope=rank))
         recorder.close()
         recordings.append(load(path))
     compare = CompareWindow(recordings)

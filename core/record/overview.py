@@ -49,7 +49,7 @@ class OverviewBuilder:
     def add_sample(self, sample: Sample) -> None:
         """Fold one sample in."""
         self.samples += 1
-        for values in (sample.values, self._job.fold(sample)):
+        for values in (sample.series(), self._job.fold(sample)):
             append_readings(self.series, sample.t, values)
 
     def add_members(self, members: JobMembers) -> None:

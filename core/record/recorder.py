@@ -208,7 +208,7 @@ class Recorder:
             kind = "Marker:step"
         self._seq += 1
         if isinstance(item, Sample):
-            for key in item.values:
+            for key in item.series():
                 if key not in self._series:
                     self._series[key] = len(self._series) + 1
                     conn.execute(

@@ -90,7 +90,7 @@ def pack_sample(sample: Sample, series_ids: dict[str, int]) -> bytes:
     return msgpack.packb(
         {
             series_ids[k]: (int(v) if float(v).is_integer() else float(v))
-            for k, v in sample.values.items()
+            for k, v in sample.series().items()
         }
     )
 
@@ -339,7 +339,7 @@ def _merged(
             except (ValueError, KeyError, TypeError, msgpack.UnpackException):
                 bad += 1
                 continue
-            yield Sample(float(t), values, step)
+            yield Sample.of_series(float(t), values, step)
         else:
             _, _kind, data = other_row
             other_row = next(others, None)

@@ -77,9 +77,10 @@ def export_csv(path: Path, out: Path) -> int:
             writer = csv.writer(handle)
             writer.writerow(["t_s", "unix_time", "step", *keys])
             for sample in file.samples():
+                series = sample.series()
                 wall = round(t0 + sample.t, 3) if isinstance(t0, (int, float)) else ""
                 values = [
-                    "" if (v := sample.values.get(k)) is None else int(v) if v.is_integer() else v
+                    "" if (v := series.get(k)) is None else int(v) if v.is_integer() else v
                     for k in keys
                 ]
                 step = "" if sample.step is None else sample.step

@@ -106,9 +106,10 @@ class RemoteSource:
             self.session.align_clock(agent_now)
         self.offset = self.session.now() - agent_now
         self.info = self._client.request("info", timeout=10.0) or {}
-        capacity = self.capacity()
+        capacity = self._agent_capacity()
         if capacity:  # what the agent knew at the handshake; its later reports follow
-            self.session.submit(CapacityKnown(self.session.now(), capacity))
+            scope = self.entry.scope if self.prefix else ""
+            self.session.submit(CapacityKnown(self.session.now(), capacity, scope))
         self._client.request("subscribe", timeout=10.0)
         return welcome
 
@@ -128,9 +129,13 @@ class RemoteSource:
         return bool(self.info.get("has_accelerator"))
 
     def capacity(self) -> dict[str, int]:
-        """Total memory per device of the attached process, as its agent reported it."""
+        """Total memory per device of the attached process, as its agent reported it,
+        under the Session's device names (``rank1/cuda:0`` in a job)."""
+        return {self.prefix + k: v for k, v in self._agent_capacity().items()}
+
+    def _agent_capacity(self) -> dict[str, int]:
         caps = self.info.get("capacity") or {}
-        return {self.prefix + k: v for k, v in caps.items() if isinstance(v, int)}
+        return {k: v for k, v in caps.items() if isinstance(k, str) and isinstance(v, int)}
 
     def command(self, name: str) -> CommandResult:
         """Ask the agent to run a command and return what it did.
@@ -219,19 +224,17 @@ class RemoteSource:
                 event = replace(event, mode=self.mode)
             if self.prefix:
                 event = self._renamed(event)
+            elif isinstance(event, (Sample, CapacityKnown)) and event.scope:
+                event = replace(event, scope="")  # the viewer says whose readings they are
             self.session.submit(event)
 
     def _renamed(self, event: Any) -> Any:
-        if isinstance(event, Sample):
-            return Sample(
-                event.t, {self.prefix + k: v for k, v in event.values.items()}, event.step
-            )
+        if isinstance(event, (Sample, CapacityKnown)):  # the Session keys them by process
+            return replace(event, scope=self.entry.scope)
         if isinstance(event, Alert):
             return replace(event, key=self.prefix + event.key, series=self.prefix + event.series)
         if isinstance(event, CensusTaken):  # "rank1/cpu": the panel and chart say which rank
             return replace(event, census=_prefixed_census(event.census, self.prefix))
-        if isinstance(event, CapacityKnown):
-            return replace(event, capacity={self.prefix + k: v for k, v in event.capacity.items()})
         # "rank 1: Census: ...", "rank 1: gc.collect() freed ...": what each rank says of
         # itself would otherwise read as the job's one process's.
         if isinstance(event, CommandResult):
