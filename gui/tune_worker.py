@@ -44,13 +44,13 @@ class TuneWorker(Worker):
     def work(self) -> TuneResult:
         """Predict (when asked), then search: a TuneResult (``finished`` carries None when
         it failed or was cancelled)."""
-        prior = None
+        prior, flat = None, False
         if self.predict_first:
             prediction = predict(
                 self.plan, self.minimum, self.maximum, self.limit, self.cancel_event
             )
             self.predicted.emit(prediction)
-            prior = prediction.fit
+            prior, flat = prediction.fit, prediction.flat
         search = plan_search(
             self.plan,
             self.limit,
@@ -60,5 +60,6 @@ class TuneWorker(Worker):
             on_trial=lambda trial, fit: self.trial_done.emit(trial, fit),
             cancel=self.cancel_event,
             prior=prior,
+            flat_prior=flat,
         )
         return search.run()

@@ -480,3 +480,29 @@ def test_a_script_the_fake_step_saw_read_the_option_is_never_said_not_to_read_it
         assert result.effect.value in ("negligible", "grows"), result.effect
         said.append(result.explain("--batch-size")[0])
     assert not any("does not seem to read" in line for line in said), said
+
+
+def test_an_unread_option_whose_top_size_drew_the_high_heap_mode_is_still_unread():
+    # A clean-clone CI run of linear_memory.py --ignore-batch read "grows": both runs of
+    # 4096 peaked 12 MiB above every smaller size (glibc's heap, not the batch). Where the
+    # fake steps saw no tensor grow with the batch, that is no growth; memory a script
+    # does tie to the batch outside tensors still is.
+    from torchmem.tuning.search import resolution
+
+    def script(extra):
+        def run(b: int, role: str, predicted: float | None) -> Trial:
+            peak = 320 * MiB + (12 * MiB if b == 4096 else 0) + extra * b
+            return Trial(b, int(peak), ok=True, oom=False, samples_per_s=1000.0)
+
+        return run
+
+    def effect(extra, flat):
+        return BatchSearch(script(extra), 2 * GiB, 1, 4096, resolution=resolution("cpu", flat))
+
+    assert effect(0, flat=False).run().effect.value == "grows"  # the CI run's answer
+    unread = effect(0, flat=True).run()
+    assert unread.effect.value == "none" and unread.recommended is None
+    assert "does not seem to read --batch-size" in unread.explain("--batch-size")[0]
+    # Decoded images kept per sample (50 KiB each, 200 MiB at 4096): the batch's.
+    assert effect(50 * 1024, flat=True).run().effect.value == "grows"
+    assert resolution("cuda:0", flat=True) == 0.0  # an allocator counts bytes exactly

@@ -123,6 +123,7 @@ def tune_headless(
         on_trial,
         cancel,
         prior=prediction.fit if prediction is not None else None,
+        flat_prior=prediction is not None and prediction.flat,
     )
     try:
         result = search.run()

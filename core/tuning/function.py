@@ -154,14 +154,14 @@ def tune(
         f"{format_bytes(room)} headroom)"
     )
     cancel = cancel or threading.Event()
-    prior = None
+    prior, flat = None, False
     if predict and plan is not None:
         from torchmem.tuning.predict import predict as predict_memory
 
         prediction = predict_memory(plan, min_batch, max_batch, limit, cancel)
         say(f"torchmem: {prediction.describe()}")
         notes.insert(0, prediction.describe())
-        prior = prediction.fit
+        prior, flat = prediction.fit, prediction.flat
 
     def heard(trial: Trial, fit: Fit | None) -> None:
         say(f"torchmem: trial {len(search.trials)}: {trial.describe(limit)}")
@@ -179,7 +179,7 @@ def tune(
         cancel,
         prior=prior,
         prior_share=prior_share(device),
-        resolution=resolution(device),
+        resolution=resolution(device, flat),
     )
     try:
         result = search.run()

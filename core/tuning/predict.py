@@ -42,6 +42,10 @@ class Prediction:
     error: str | None = None
     #: Stand-in values the fake step gave to tensor values read before backward.
     caveats: list[str] = field(default_factory=list)
+    #: The fake steps ran whole at two sizes or more and their tensors did not grow with
+    #: the batch: the script seems not to read the option (see :func:`~torchmem.tuning.
+    #: search.resolution`).
+    flat: bool = False
 
     def describe(self) -> str:
         """One line: what was predicted, or why not."""
@@ -151,6 +155,7 @@ def predict(
             prediction.fit = fit
         elif prediction.error is None:
             prediction.error = "the fake step's tensors did not grow with the batch size"
+            prediction.flat = True
     elif prediction.error is None:
         prediction.error = "fewer than two batch sizes in the range"
     return prediction

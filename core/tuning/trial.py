@@ -192,9 +192,12 @@ def plan_search(
     on_trial: Callable[[Trial, Fit | None], None] | None = None,
     cancel: threading.Event | None = None,
     prior: Fit | None = None,
+    flat_prior: bool = False,
 ) -> BatchSearch:
     """The search of ``plan``'s trials, as ``torchmem tune`` and the Tune panel both run
-    it: one construction, so that the two give the same answer for the same settings."""
+    it: one construction, so that the two give the same answer for the same settings.
+    ``prior``: the fake steps' model; ``flat_prior``: they saw no tensor grow with the
+    batch (:attr:`~torchmem.tuning.predict.Prediction.flat`)."""
     cancel = cancel or threading.Event()
     return BatchSearch(
         lambda batch, role, predicted: run_trial(plan, batch, cancel),
@@ -207,7 +210,7 @@ def plan_search(
         cancel,
         prior=prior,
         prior_share=prior_share(plan.device),
-        resolution=resolution(plan.device),
+        resolution=resolution(plan.device, flat_prior),
     )
 
 
