@@ -178,6 +178,13 @@ class CensusTaken:
     step: int
     census: Any
     trigger: str = "user"
+    #: The process of a job it was taken in (see :attr:`Sample.scope`); its devices keep
+    #: their own names (``cpu``, ``cuda:0``). Empty for a run's one process.
+    scope: str = ""
+
+    def devices(self) -> list[str]:
+        """The census's devices under the Session's device names (``rank1/cpu``)."""
+        return [scoped(self.scope, device) for device in self.census.devices()]
 
 
 class _Word(str, Enum):

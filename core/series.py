@@ -236,9 +236,16 @@ def scope_label(scope: str) -> str:
 
 
 def device_label(name: str) -> str:
-    """``rank 2 · cpu`` for a device of one process of a job (``rank2/cpu``, as censuses
-    name it); the device itself (``cuda:0``) for a single process."""
-    scope, device = split_device(name)
+    """``rank 2 · cpu`` for a device of one process of a job (``rank2/cpu``, as the
+    Session's census history names it); the device itself (``cuda:0``) for a single
+    process."""
+    return process_device_label(*split_device(name))
+
+
+def process_device_label(scope: str, device: str) -> str:
+    """``rank 2 · cpu`` for ``device`` of the process ``scope`` of a job (a census's
+    :attr:`~torchmem.events.CensusTaken.scope` and one of its devices); ``device`` for a
+    single process (``""``)."""
     return f"{scope_label(scope)} · {device}" if scope else device
 
 

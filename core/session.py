@@ -15,7 +15,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -232,12 +231,14 @@ class Session:
             self.alerts[event.key] = event
             self.alert_log.append(event)
         elif isinstance(event, CensusTaken):
-            scope = census_scope(event.census)
-            before = self._censuses_of.get(scope)
+            before = self._censuses_of.get(event.scope)
             self.census = event
-            self._censuses_of[scope] = (event, before[0] if before else None)
+            self._censuses_of[event.scope] = (event, before[0] if before else None)
             census = event.census
-            by_device = {d: census.bytes_by_kind(d) for d in census.devices()}
+            by_device = {
+                name: census.bytes_by_kind(device)
+                for name, device in zip(event.devices(), census.devices(), strict=True)
+            }
             self.census_history.append((event.t, event.step, by_device))
         elif isinstance(event, CapacityKnown):
             self._capacity.update(event.devices())
@@ -291,6 +292,17 @@ class Session:
         with self._lock:
             return {k: (b.last, self._peak(k, b)) for k, b in self.series.items()}
 
+    def latest_of(self, scope: str) -> dict[str, tuple[float, float]]:
+        """Last value and peak of every series of one process (``rank1``; ``""`` for a
+        run's one process), under the process's own keys (``cuda:0/allocated``)."""
+        with self._lock:
+            return {
+                rest: (b.last, self._peak(k, b))
+                for k, b in self.series.items()
+                for owner, rest in [split_scope(k)]
+                if owner == scope
+            }
+
     def latest_timed(self) -> dict[str, tuple[float, float, float]]:
         """Last value, peak and the time of the last reading of every series: a reading
         older than its neighbours is stale, and views say so."""
@@ -338,7 +350,7 @@ class Session:
             if scope is None:
                 if self.census is None:
                     return None, None
-                scope = census_scope(self.census.census)
+                scope = self.census.scope
             return self._censuses_of.get(scope, (None, None))
 
     def scopes(self) -> list[str]:
@@ -370,14 +382,6 @@ class Session:
         """User and epoch markers, oldest first."""
         with self._lock:
             return list(self.markers)
-
-
-def census_scope(census: Any) -> str:
-    """The process of a job a census comes from (``rank1``, ``pid4242``), from its devices
-    (``rank1/cpu``); ``""`` for a single process's (or an empty) census."""
-    for storage in census.storages.values():
-        return split_device(storage.key[0])[0]
-    return ""
 
 
 def peak_label(key: str) -> str:

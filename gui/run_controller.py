@@ -54,7 +54,7 @@ class RunController(QObject):
     #: Ask the command thread to run a command by name.
     command_requested = Signal(str)
     #: Ask the command thread what keeps a tensor alive: (request id, TensorInfo).
-    referrers_requested = Signal(int, object)
+    referrers_requested = Signal(int, object, str)
     #: What keeps a tensor alive: (request id, the answer dict, or why none came).
     referrers_found = Signal(int, object)
 
@@ -245,11 +245,12 @@ class RunController(QObject):
             return
         self.command_requested.emit(name)
 
-    def ask_referrers(self, tensor: object) -> int:
-        """Ask the current target what keeps ``tensor`` alive, in the command thread; the
-        answer comes by :attr:`referrers_found` with the request id returned here."""
+    def ask_referrers(self, tensor: object, scope: str = "") -> int:
+        """Ask the current target what keeps ``tensor`` (of the process ``scope`` of a
+        job) alive, in the command thread; the answer comes by :attr:`referrers_found`
+        with the request id returned here."""
         self._referrer_requests += 1
-        self.referrers_requested.emit(self._referrer_requests, tensor)
+        self.referrers_requested.emit(self._referrer_requests, tensor, scope)
         return self._referrer_requests
 
     def set_rate(self, hz: float) -> None:

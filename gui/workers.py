@@ -153,12 +153,13 @@ class CommandWorker(QObject):
         """Run one command; its result lands in the Session."""
         self.target().command(name)
 
-    @Slot(int, object)
-    def find_referrers(self, request: int, tensor: object) -> None:
-        """Ask the process that owns ``tensor`` what keeps it alive (an agent may take
-        seconds to answer, or never: here, never in the GUI thread)."""
+    @Slot(int, object, str)
+    def find_referrers(self, request: int, tensor: object, scope: str) -> None:
+        """Ask the process that owns ``tensor`` (of ``scope`` in a job) what keeps it
+        alive (an agent may take seconds to answer, or never: here, never in the GUI
+        thread)."""
         try:
-            answer: object = self.target().referrers(tensor)
+            answer: object = self.target().referrers(tensor, scope)
         except Exception as exc:  # a lost connection, a process that ended
             answer = f"cannot ask the process ({exc})"
         self.referrers_found.emit(request, answer)

@@ -521,6 +521,51 @@ def test_two_censuses_of_a_recorded_run_diff_by_name(tmp_path):
     assert wrong.returncode == 2 and "holds censuses 1 to 2" in wrong.stderr
 
 
+@pytest.mark.slow
+def test_a_jobs_censuses_reopen_as_each_ranks_old_files_included(tmp_path):
+    """A job's censuses say which rank took them. This version records the rank as the
+    census's scope; files of earlier versions named the rank in every device
+    (``rank1/cpu``): both reopen as a live census comes, devices under their own names."""
+    from dataclasses import replace
+
+    from torchmem.record.census_diff import recorded_censuses
+
+    def prefixed(census, prefix):  # how earlier versions recorded a rank's census
+        storages = {}
+        for (device, ptr), storage in census.storages.items():
+            key = (prefix + device, ptr)
+            tensors = [
+                replace(t, device=prefix + t.device, storage_key=key) for t in storage.tensors
+            ]
+            storages[key] = StorageInfo(key, storage.nbytes, tensors)
+        return replace(census, storages=storages)
+
+    path = tmp_path / "job.tmsession"
+    live = Session()
+    recorder = start_recording(path, live, "attach", "ddp.py")
+    live.submit(CensusTaken(1.0, 1, census_of({"rank_buffer": [1024]}, 1), "user", "rank0"))
+    live.submit(CensusTaken(2.0, 1, prefixed(census_of({"rank_buffer": [2048]}, 1), "rank1/")))
+    live.submit(CensusTaken(3.0, 2, census_of({"weights": [512]}, 2)))  # a lone process's
+    recorder.close()
+    taken = recorded_censuses(path)
+    assert [(t.scope, t.census.devices(), t.census.total_bytes()) for t in taken] == [
+        ("rank0", ["cpu"], 1024),
+        ("rank1", ["cpu"], 2048),
+        ("", ["cpu"], 512),
+    ]
+    (tensor,) = taken[1].census.tensors()
+    assert tensor.device == "cpu" and tensor.storage_key[0] == "cpu"
+    again = Session()
+    for event in taken:
+        again.submit(event)
+    assert again.censuses("rank1")[0].census.total_bytes() == 2048
+    assert [sorted(by) for _, _, by in again.breakdown()] == [["rank0/cpu"], ["rank1/cpu"], ["cpu"]]
+    listing = _torchmem("report", "--censuses", str(path))
+    assert listing.returncode == 0, listing.stderr
+    whys = [line.split("  ")[-1] for line in listing.stdout.splitlines()[1:]]
+    assert whys == ["user (rank 0)", "user (rank 1)", "user"]
+
+
 def test_a_long_recording_reopens_from_its_overview_with_the_same_figures(tmp_path, monkeypatch):
     from torchmem.record import replay
 

@@ -229,10 +229,10 @@ def test_the_holder_is_asked_off_the_gui_thread_and_shown_when_it_comes(qtbot, w
     release = threading.Event()
     asked_in: list[int] = []
 
-    def slow(tensor):
+    def slow(tensor, scope=""):
         asked_in.append(threading.get_ident())
         release.wait(10)
-        return lookup(tensor)
+        return lookup(tensor, scope)
 
     monkeypatch.setattr(target, "referrers", slow)
     model = window.tensors.model
@@ -243,7 +243,9 @@ def test_the_holder_is_asked_off_the_gui_thread_and_shown_when_it_comes(qtbot, w
     release.set()
     qtbot.waitUntil(lambda: "value of key 'weights' in a dict" in dialog.text.toPlainText())
     # A process that cannot answer is said in the dialog, not raised.
-    monkeypatch.setattr(target, "referrers", lambda t: (_ for _ in ()).throw(OSError("gone")))
+    monkeypatch.setattr(
+        target, "referrers", lambda t, scope="": (_ for _ in ()).throw(OSError("gone"))
+    )
     second = window.tensors.open_details(model.info_at(model.index(0, 0, QModelIndex())))
     qtbot.waitUntil(lambda: "cannot ask the process (gone)" in second.text.toPlainText())
     dialog.close()
@@ -282,11 +284,14 @@ def test_leak_settings_are_applied_and_remembered(qtbot, window):
     assert again.warmup_steps == 12 and again.abs_per_step == 4 << 20
 
 
-def scoped_census(device, sizes, step):
-    """A census of one process of a job: a storage of each size (bytes), its device
-    ``rank0/cpu``, at addresses that tell the storages apart."""
+def rank_census(t, step, name, sizes):
+    """A census of one process of a job, as its source submits it: ``name`` is the
+    Session's name of its device (``rank0/cpu``: the scope field ``rank0``, the device
+    ``cpu``), a storage of each size (bytes) at addresses that tell them apart."""
+    from torchmem.series import split_device
     from torchmem.tensors.model import Census, StorageInfo, TensorInfo
 
+    scope, device = split_device(name)
     storages = {}
     for i, nbytes in enumerate(sizes):
         key, n = (device, 4096 * (i + 1)), nbytes // 4
@@ -295,7 +300,7 @@ def scoped_census(device, sizes, step):
             True, True, True, "", False, key,
         )  # fmt: skip
         storages[key] = StorageInfo(key, nbytes, [info])
-    return Census(storages, [], 0.01, step)
+    return CensusTaken(t, step, Census(storages, [], 0.01, step), scope=scope)
 
 
 def test_the_breakdown_of_one_rank_follows_its_own_censuses(qtbot, window):
@@ -304,8 +309,7 @@ def test_the_breakdown_of_one_rank_follows_its_own_censuses(qtbot, window):
     for step, (device, nbytes) in enumerate(
         [("rank0/cpu", 1024), ("rank1/cpu", 4096), ("rank0/cpu", 2048), ("rank1/cpu", 8192)]
     ):
-        census = scoped_census(device, [nbytes], step)
-        window.session.submit(CensusTaken(float(step), step, census))
+        window.session.submit(rank_census(float(step), step, device, [nbytes]))
     window.bridge.flush()
     window.breakdown.refresh(force=True)
     combo = window.breakdown.device_combo
@@ -319,7 +323,7 @@ def test_the_breakdown_of_one_rank_follows_its_own_censuses(qtbot, window):
 def test_the_breakdown_lists_a_jobs_devices_in_rank_order(qtbot, window):
     """Rank 10's devices came before rank 2's (a plain sort of "rank10/cpu", "rank2/cpu")."""
     for step, device in enumerate(["rank10/cpu", "rank2/cuda:0", "rank2/cpu", "rank1/cpu"]):
-        window.session.submit(CensusTaken(float(step), step, scoped_census(device, [1024], step)))
+        window.session.submit(rank_census(float(step), step, device, [1024]))
     window.bridge.flush()
     window.breakdown.refresh(force=True)
     combo = window.breakdown.device_combo
@@ -331,9 +335,9 @@ def test_the_breakdown_lists_a_jobs_devices_in_rank_order(qtbot, window):
 def test_what_changed_in_a_job_is_what_changed_in_that_rank(qtbot, window):
     """A rank's census is compared with that rank's previous one, not with the other
     rank's that came in between (every storage read as new, every other one as freed)."""
-    window.session.submit(CensusTaken(1.0, 1, scoped_census("rank0/cpu", [1024, 2048], 1)))
-    window.session.submit(CensusTaken(2.0, 1, scoped_census("rank1/cpu", [4096], 1)))
-    window.session.submit(CensusTaken(3.0, 2, scoped_census("rank0/cpu", [1024, 2048, 512], 2)))
+    window.session.submit(rank_census(1.0, 1, "rank0/cpu", [1024, 2048]))
+    window.session.submit(rank_census(2.0, 1, "rank1/cpu", [4096]))
+    window.session.submit(rank_census(3.0, 2, "rank0/cpu", [1024, 2048, 512]))
     window.bridge.flush()
     window.tensors.refresh()
     assert "+1 / −0 storages" in window.tensors.headline.text()
@@ -347,8 +351,8 @@ def test_the_tensors_breakdown_and_readings_follow_the_rank_chosen_in_the_toolba
 
     for t, scope in enumerate(("rank0", "rank1", "rank2")):
         window.session.submit(Sample(float(t), {f"{scope}/cpu/rss": 1e8}))
-    window.session.submit(CensusTaken(1.0, 1, scoped_census("rank0/cpu", [1024], 1)))
-    window.session.submit(CensusTaken(2.0, 1, scoped_census("rank1/cpu", [4096, 512], 1)))
+    window.session.submit(rank_census(1.0, 1, "rank0/cpu", [1024]))
+    window.session.submit(rank_census(2.0, 1, "rank1/cpu", [4096, 512]))
     window.bridge.flush()
     assert "rank 1 · cpu" in window.tensors.headline.text()  # every rank: the newest
     combo = window.rank_combo
@@ -363,7 +367,7 @@ def test_the_tensors_breakdown_and_readings_follow_the_rank_chosen_in_the_toolba
     assert window.breakdown.device == "rank0/cpu"
     assert "rank 0 · cpu" in window.tensors.headline.text()
     assert window.tensors.model.matching() == 1
-    window.session.submit(CensusTaken(3.0, 2, scoped_census("rank1/cpu", [4096], 2)))
+    window.session.submit(rank_census(3.0, 2, "rank1/cpu", [4096]))
     window.bridge.flush()
     assert "rank 0 · cpu" in window.tensors.headline.text(), "rank 1's census does not replace it"
     combo.setCurrentIndex(combo.findData("rank2"))

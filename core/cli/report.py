@@ -23,6 +23,7 @@ from torchmem.record.replay import Recording, load
 from torchmem.record.store import RecordError
 from torchmem.report.recorded import export_csv, recorded_summary
 from torchmem.report.summary import write_summary
+from torchmem.series import scope_label
 from torchmem.session import peak_label
 from torchmem.units import format_bytes, format_duration
 
@@ -237,6 +238,7 @@ def censuses(path: str, diff: list[int] | None) -> int:
             print(
                 f"{i:>3} {event.step:>7,} {event.t:>8.1f}s {format_bytes(c.total_bytes()):>11} "
                 f"{len(c.storages):>9,}  {event.trigger}"
+                + (f" ({scope_label(event.scope)})" if event.scope else "")
             )
         return 0
     a, b = diff

@@ -21,12 +21,14 @@ import sqlite3
 import tempfile
 import zlib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from torchmem.events import Event, Sample
+from torchmem.events import CensusTaken, Event, Sample
+from torchmem.series import split_device
 from torchmem.transport.protocol import ProtocolError
 from torchmem.transport.wire import event_from_wire, event_to_wire
 from torchmem.units import format_bytes
@@ -344,11 +346,34 @@ def _merged(
             _, _kind, data = other_row
             other_row = next(others, None)
             try:
-                yield unpack_event(data)
+                event = unpack_event(data)
             except (ValueError, TypeError, ProtocolError, msgpack.UnpackException, zlib.error):
                 bad += 1
+                continue
+            yield _scoped_census(event) if isinstance(event, CensusTaken) else event
     if bad:
         problems.append(f"{bad} damaged record(s) skipped")
+
+
+def _scoped_census(event: CensusTaken) -> CensusTaken:
+    """A census as this version takes it: files written before a census carried its
+    process named a rank's devices ``rank1/cpu``; such a census gets its scope field back
+    and its devices their own names (``cpu``), as a live one has them."""
+    census = event.census
+    scopes = {split_device(device)[0] for device in census.devices()}
+    if event.scope or len(scopes) != 1 or "" in scopes:
+        return event
+    scope = scopes.pop()
+    prefix = f"{scope}/"
+    storages = {}
+    for (device, ptr), storage in census.storages.items():
+        key = (device.removeprefix(prefix), ptr)
+        tensors = [
+            replace(t, device=t.device.removeprefix(prefix), storage_key=key)
+            for t in storage.tensors
+        ]
+        storages[key] = replace(storage, key=key, tensors=tensors)
+    return replace(event, census=replace(census, storages=storages), scope=scope)
 
 
 def rename_session(path: Path, title: str) -> None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from torchmem.events import CommandResult, JobMembers
-from torchmem.series import node_scope, rank_scope
+from torchmem.series import node_scope, rank_scope, scope_label
 from torchmem.session import Session
 from torchmem.sources.follow import follow
 from torchmem.sources.processes import agents_for, rank_may_come
@@ -301,12 +301,13 @@ class AttachedRun:
         if self.watch is not None:
             self.watch.sampler.set_rate(hz)
 
-    def referrers(self, tensor: Any) -> dict[str, Any]:
-        """What keeps ``tensor`` (from a census of an attached process) alive."""
-        for remote in self.remotes:  # a rank's tensors carry its prefix: "rank1/cpu"
-            if len(self.remotes) == 1 or tensor.device.startswith(remote.prefix):
+    def referrers(self, tensor: Any, scope: str = "") -> dict[str, Any]:
+        """What keeps ``tensor`` alive, asked of the process whose census (of ``scope``:
+        ``rank1``) holds it."""
+        for remote in self.remotes:
+            if len(self.remotes) == 1 or remote.entry.scope == scope:
                 return remote.referrers(tensor)
-        raise AttachError(f"no attached process holds tensors on {tensor.device}")
+        raise AttachError(f"no attached process is {scope_label(scope) or 'the one asked'}")
 
 
 def _entries_or_error(host: SshHost, pid: int | None) -> list[AgentEntry] | str:

@@ -70,8 +70,9 @@ class Source(Protocol):
         """Sample this many times a second."""
         ...
 
-    def referrers(self, tensor: Any) -> dict[str, Any]:
-        """What keeps a tensor of the latest census alive: ``{"chain": [...], ...}``."""
+    def referrers(self, tensor: Any, scope: str = "") -> dict[str, Any]:
+        """What keeps a tensor of the latest census alive: ``{"chain": [...], ...}``;
+        ``scope`` is the process of a job whose census holds it (``CensusTaken.scope``)."""
         ...
 
     def close(self) -> None:

@@ -442,7 +442,7 @@ class InProcessSource:
         peaks = {k: p for k, (_, p) in self.session.latest().items()}
         return reset_peaks(self.backends, now, peaks)
 
-    def referrers(self, tensor: TensorInfo) -> dict[str, Any]:
+    def referrers(self, tensor: TensorInfo, scope: str = "") -> dict[str, Any]:
         """What keeps a tensor of this process's latest census alive."""
         return referrers_of(tensor)
 

@@ -89,7 +89,7 @@ class IsolatedSource:
         if self.remote is not None:
             self.remote.set_rate(hz)
 
-    def referrers(self, tensor: Any) -> dict[str, Any]:
+    def referrers(self, tensor: Any, scope: str = "") -> dict[str, Any]:
         """What keeps a tensor of the child alive."""
         if self.remote is None:
             raise AttachError("no isolated run is attached")

@@ -35,7 +35,6 @@ from torchmem.events import (
 from torchmem.series import scope_label
 from torchmem.session import Session
 from torchmem.sources.vanished import oom_killer_hint
-from torchmem.tensors.model import Census, StorageInfo
 from torchmem.timeseries import StepClock
 from torchmem.transport.client import AgentClient, AttachError
 from torchmem.transport.discovery import AgentEntry, boot_id
@@ -44,7 +43,8 @@ from torchmem.transport.wire import event_from_wire
 
 
 class RemoteSource:
-    """Events of one agent, submitted to ``session`` (series renamed with ``prefix``)."""
+    """Events of one agent, submitted to ``session``; in a job (``prefix``: ``rank1/``)
+    its readings and censuses carry its scope, its alerts and results are renamed."""
 
     def __init__(
         self,
@@ -174,12 +174,12 @@ class RemoteSource:
         with contextlib.suppress(AttachError):  # a lost connection is reported by _on_closed
             self._client.request("set_rate", {"hz": float(hz)}, timeout=2.0)
 
-    def referrers(self, tensor: Any) -> dict[str, Any]:
+    def referrers(self, tensor: Any, scope: str = "") -> dict[str, Any]:
         """What keeps a tensor of the attached process alive (its referrer chain)."""
         return self._client.request(
             "referrers",
             {
-                "device": tensor.device.removeprefix(self.prefix),
+                "device": tensor.device,
                 "data_ptr": tensor.storage_key[1],
                 "shape": list(tensor.shape),
                 "stride": list(tensor.stride),
@@ -224,17 +224,15 @@ class RemoteSource:
                 event = replace(event, mode=self.mode)
             if self.prefix:
                 event = self._renamed(event)
-            elif isinstance(event, (Sample, CapacityKnown)) and event.scope:
+            elif isinstance(event, (Sample, CapacityKnown, CensusTaken)) and event.scope:
                 event = replace(event, scope="")  # the viewer says whose readings they are
             self.session.submit(event)
 
     def _renamed(self, event: Any) -> Any:
-        if isinstance(event, (Sample, CapacityKnown)):  # the Session keys them by process
+        if isinstance(event, (Sample, CapacityKnown, CensusTaken)):  # keyed by process
             return replace(event, scope=self.entry.scope)
         if isinstance(event, Alert):
             return replace(event, key=self.prefix + event.key, series=self.prefix + event.series)
-        if isinstance(event, CensusTaken):  # "rank1/cpu": the panel and chart say which rank
-            return replace(event, census=_prefixed_census(event.census, self.prefix))
         # "rank 1: Census: ...", "rank 1: gc.collect() freed ...": what each rank says of
         # itself would otherwise read as the job's one process's.
         if isinstance(event, CommandResult):
@@ -287,16 +285,6 @@ class RemoteSource:
                 RunFinished(now, status, EXIT_UNKNOWN, message, duration_s=duration)
             )
         self.ended.set()
-
-
-def _prefixed_census(census: Census, prefix: str) -> Census:
-    """The census of one rank, its devices named ``rank1/cpu``, ``rank1/cuda:0``."""
-    storages = {}
-    for (device, ptr), storage in census.storages.items():
-        key = (prefix + device, ptr)
-        tensors = [replace(t, device=prefix + t.device, storage_key=key) for t in storage.tensors]
-        storages[key] = StorageInfo(key, storage.nbytes, tensors)
-    return Census(storages, census.skipped, census.duration_s, census.step)
 
 
 def _gone(pid: int, wait_s: float = 0.0) -> bool:

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 from torchmem.events import CensusTaken
 from torchmem.gui.forms import read_only_table
 from torchmem.record.census_diff import diff_by_name
+from torchmem.series import scope_label
 from torchmem.tensors.model import KIND_LABELS
 from torchmem.units import format_bytes
 
@@ -25,10 +26,12 @@ COLUMNS = ("Change", "Tensor", "Kind", "Before", "After", "Difference")
 
 
 def census_label(index: int, taken: CensusTaken) -> str:
-    """``#3 · step 40 · 12.5 s · 1.20 GiB (automatic)`` for a combo box."""
+    """``#3 · step 40 · 12.5 s · 1.20 GiB (automatic)`` for a combo box; ``#3 · rank 1 ·
+    step 40 ...`` for a census of one process of a job."""
     why = {"step": "automatic", "user": "by hand", "leak": "for a leak", "oom": "at the OOM"}
+    who = f"{scope_label(taken.scope)} · " if taken.scope else ""
     return (
-        f"#{index + 1} · step {taken.step:,} · {taken.t:.1f} s · "
+        f"#{index + 1} · {who}step {taken.step:,} · {taken.t:.1f} s · "
         f"{format_bytes(taken.census.total_bytes())} ({why.get(taken.trigger, taken.trigger)})"
     )
 

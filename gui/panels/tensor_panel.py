@@ -27,9 +27,9 @@ from torchmem.events import CensusTaken
 from torchmem.gui.bridge import SessionBridge
 from torchmem.gui.panels.tensor_model import TensorModel
 from torchmem.gui.view_state import ViewState
-from torchmem.series import device_label, is_sum_scope, scope_label, split_device
+from torchmem.series import is_sum_scope, process_device_label, scope_label
 from torchmem.session import Session
-from torchmem.tensors.model import KIND_LABELS, Census, CensusDiff, StorageInfo, TensorInfo
+from torchmem.tensors.model import KIND_LABELS, CensusDiff, StorageInfo, TensorInfo
 from torchmem.tensors.referrers import referrers_of
 from torchmem.units import format_bytes
 
@@ -50,7 +50,7 @@ class TensorPanel(QWidget):
         #: Asks the process that owns the tensors what keeps one alive, off the GUI thread
         #: (the window's ``RunController.ask_referrers``): returns a request id, and the
         #: answer comes to :meth:`referrers_found`. None: looked up here, at once.
-        self.ask_referrers: Callable[[TensorInfo], int] | None = None
+        self.ask_referrers: Callable[[TensorInfo, str], int] | None = None
         #: Open details dialogs waiting for an answer, by request id.
         self._waiting: dict[int, TensorDetails] = {}
         self.session = session
@@ -186,9 +186,9 @@ class TensorPanel(QWidget):
         diff = census.diff(previous.census if previous else None)
         new_keys = {s.key for s in diff.new} if previous else set()
         self.model.set_census(census, new_keys)
-        self.totals.setText(self._totals_text(census))
+        self.totals.setText(self._totals_text(latest))
         when = f"step {latest.step:,}" if latest.step else f"{latest.t:.1f} s"
-        self.headline.setText(self._headline(census, when, diff if previous else None))
+        self.headline.setText(self._headline(latest, when, diff if previous else None))
         self.headline.setToolTip(self.totals.text())
         text = (
             f"Census at {when} ({'automatic' if latest.trigger == 'step' else 'refresh'}, "
@@ -209,8 +209,9 @@ class TensorPanel(QWidget):
         self.changes.setText(text)
 
     @staticmethod
-    def _headline(census: Census, when: str, diff: CensusDiff | None) -> str:
+    def _headline(taken: CensusTaken, when: str, diff: CensusDiff | None) -> str:
         """One line: bytes and tensors per device, named share, when, what changed."""
+        census = taken.census
         count = sum(len(s.tensors) for s in census.storages.values())
         if not count:
             return f"Census at {when}: no live tensors found"
@@ -218,26 +219,28 @@ class TensorPanel(QWidget):
         for device in census.devices():
             n = sum(len(s.tensors) for s in census.storages.values() if s.device == device)
             nbytes = format_bytes(census.total_bytes(device))
-            parts.append(f"<b>{device_label(device)}</b> {nbytes} in {n:,}")
+            parts.append(f"<b>{process_device_label(taken.scope, device)}</b> {nbytes} in {n:,}")
         text = " · ".join(parts) + f" · {100 * census.named_share():.0f}% named · at {when}"
         if diff is not None and (diff.new or diff.freed):
             text += f" · +{len(diff.new):,} / −{len(diff.freed):,} storages"
         return text
 
-    def _totals_text(self, census: Census) -> str:
+    def _totals_text(self, taken: CensusTaken) -> str:
+        census = taken.census
         if not any(s.tensors for s in census.storages.values()):
             return "The census found no live tensors."
-        latest = self.session.latest()
+        latest = self.session.latest_of(taken.scope)
         lines = []
         for device in census.devices() or ["cpu"]:
             unique, naive = census.total_bytes(device), census.naive_bytes(device)
             n = sum(len(s.tensors) for s in census.storages.values() if s.device == device)
             line = (
-                f"<b>{device_label(device)}</b>: {format_bytes(unique)} in {n:,} tensors "
+                f"<b>{process_device_label(taken.scope, device)}</b>: {format_bytes(unique)} "
+                f"in {n:,} tensors "
                 f"(unique storage bytes) · naive sum {format_bytes(naive)}"
             )
             allocated = latest.get(f"{device}/allocated", (math.nan, 0))[0]
-            if split_device(device)[1] != "cpu" and not math.isnan(allocated):
+            if device != "cpu" and not math.isnan(allocated):
                 line += f" · {format_bytes(allocated - unique)} {GAP_LABEL}"
             kinds = census.bytes_by_kind(device)
             parts = [f"{KIND_LABELS[k]} {format_bytes(v)}" for k, v in kinds.items() if v]
@@ -268,7 +271,7 @@ class TensorPanel(QWidget):
             answer = None
         dialog = TensorDetails(info, storage, self, answer)
         if answer is None and self.ask_referrers is not None:
-            request = self.ask_referrers(tensor)
+            request = self.ask_referrers(tensor, self._shown.scope if self._shown else "")
             self._waiting[request] = dialog
             dialog.destroyed.connect(lambda: self._waiting.pop(request, None))
         dialog.show()
