@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from torchmem.series import scoped, split_scope
+from torchmem.series import scope_label, scoped, split_scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +163,15 @@ class CommandResult:
     message: str
     changes: dict[str, float] = field(default_factory=dict)
     output: str = ""
+    #: The process of a job that ran it (see :attr:`Sample.scope`); ``message`` and
+    #: ``changes`` are that process's own.
+    scope: str = ""
+
+    @property
+    def said(self) -> str:
+        """The message, with the process of a job that it is about: ``rank 1: Census:
+        …``; each rank of a job says its own result."""
+        return f"{scope_label(self.scope)}: {self.message}" if self.scope else self.message
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +253,9 @@ class Alert:
     per_minute: float = 0.0
     culprits: tuple[dict[str, Any], ...] = ()
     raised_step: int = 0
+    #: The process of a job that raised it (see :attr:`Sample.scope`); ``key``,
+    #: ``series`` and ``message`` are that process's own, as its detector wrote them.
+    scope: str = ""
 
     @property
     def is_new(self) -> bool:
@@ -251,9 +263,22 @@ class Alert:
         return self.state is AlertState.ACTIVE and self.step == self.raised_step
 
     @property
+    def session_key(self) -> str:
+        """What tells the alert from every other of the Session (the rows of the Alerts
+        list, muting): ``leak:cpu/rss``, ``rank1/leak:cpu/rss`` for a process of a job.
+        Files written before the field held this in ``key``: they read the same."""
+        return scoped(self.scope, self.key)
+
+    @property
+    def said(self) -> str:
+        """The message, with the process of a job that it is about: ``rank 1: process
+        RSS grew…``."""
+        return f"{scope_label(self.scope)}: {self.message}" if self.scope else self.message
+
+    @property
     def headline(self) -> str:
         """``⚠ epoch growth: cpu/rss at the start of each epoch rose…``."""
-        return f"⚠ {self.kind.replace('_', ' ')}: {self.message}"
+        return f"⚠ {self.kind.replace('_', ' ')}: {self.said}"
 
     def to_json(self) -> dict[str, Any]:
         """The alert as written in a run summary."""
@@ -261,11 +286,11 @@ class Alert:
             "kind": self.kind,
             "severity": self.severity,
             "state": self.state,
-            "series": self.series,
+            "series": scoped(self.scope, self.series),
             "first_step": self.first_step,
             "raised_at_step": self.raised_step,
             "last_step": self.step,
-            "message": self.message,
+            "message": self.said,
             "suggestion": self.suggestion,
             "bytes_per_step": round(self.per_step),
             "bytes_per_minute": round(self.per_minute),

@@ -139,7 +139,7 @@ class Session:
         with self._lock:
             self.muted.add(key)
             self.alerts.pop(key, None)
-            kept = [a for a in self.alert_log if a.key != key]
+            kept = [a for a in self.alert_log if a.session_key != key]
             self.alert_log = deque(kept, maxlen=self.alert_log.maxlen)
             self.revision += 1
 
@@ -163,7 +163,7 @@ class Session:
         sees events in the order they happened. A nested dispatch would hand the recorder
         an alert before the sample that raised it.
         """
-        if isinstance(event, Alert) and event.key in self.muted:
+        if isinstance(event, Alert) and event.session_key in self.muted:
             return
         with self._lock:
             self._apply(event)
@@ -228,7 +228,7 @@ class Session:
         elif isinstance(event, RunFinished):
             self.run_finished = event
         elif isinstance(event, Alert):
-            self.alerts[event.key] = event
+            self.alerts[event.session_key] = event
             self.alert_log.append(event)
         elif isinstance(event, CensusTaken):
             before = self._censuses_of.get(event.scope)

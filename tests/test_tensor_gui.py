@@ -397,3 +397,40 @@ def test_a_filter_says_how_many_match_and_a_new_run_starts_unfiltered(qtbot, win
     panel.refresh()
     assert panel.model.rowCount() == total, "the next run's rows are all shown"
     del held
+
+
+def test_each_ranks_alert_says_its_rank_and_is_muted_alone(qtbot, window):
+    """Two ranks of a job leak the same way: one alert each, said with its rank in the
+    list, its details, the status bar and the log; muting one leaves the other."""
+    from torchmem.events import Alert, AlertKind, AlertState, Severity
+
+    def leak(t, scope):
+        return Alert(
+            t, "leak:cpu/rss", AlertKind.LEAK, Severity.WARNING, AlertState.ACTIVE,
+            "cpu/rss", 3, 3, "process RSS grew by 3.00 MiB/step", "detach it",
+            per_step=3 << 20, raised_step=3, scope=scope,
+        )  # fmt: skip
+
+    window.session.submit(leak(1.0, "rank0"))
+    window.session.submit(leak(2.0, "rank1"))
+    window.bridge.flush()
+    rows = [
+        window.alerts.tree.topLevelItem(i) for i in range(window.alerts.tree.topLevelItemCount())
+    ]
+    assert [row.text(4) for row in rows] == [
+        "rank 1: process RSS grew by 3.00 MiB/step",
+        "rank 0: process RSS grew by 3.00 MiB/step",
+    ]  # newest raised first
+    assert "rank 1: process RSS grew" in window.statusBar().currentMessage()
+    window.log.flush()
+    assert "⚠ leak: rank 0: process RSS grew" in window.log.toPlainText()
+    assert set(window.plot.marks.alerts) == {"rank0/leak:cpu/rss", "rank1/leak:cpu/rss"}
+    window.alerts.tree.setCurrentItem(rows[0])
+    window.alerts.mute_button.click()
+    assert [a.scope for a in window.session.alert_list()] == ["rank0"]
+    window.session.submit(leak(3.0, "rank1"))  # rank 1's next update stays muted
+    window.bridge.flush()
+    assert window.alerts.active_count == 1
+    (kept,) = window.session.alert_list()
+    assert kept.to_json()["series"] == "rank0/cpu/rss"
+    assert kept.to_json()["message"].startswith("rank 0: ")

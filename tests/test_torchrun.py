@@ -195,7 +195,7 @@ def test_a_three_rank_jobs_views_totals_and_recording_agree_per_rank(qtbot, make
             lambda: len([c for c in session.commands if c.command == "census"]) == 3,
             timeout=60_000,
         )
-        said = [c.message for c in session.commands if c.command == "census"]
+        said = [c.said for c in session.commands if c.command == "census"]
         window.detach()
         qtbot.waitUntil(lambda: not window.running, timeout=10_000)
     finally:

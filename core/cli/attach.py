@@ -103,7 +103,7 @@ def attach_headless(
         started = run.command("history_start")
         for result in started:
             if not result.ok:
-                sys.stderr.write(f"torchmem: no snapshot: {result.message}\n")
+                sys.stderr.write(f"torchmem: no snapshot: {result.said}\n")
         recording = any(result.ok for result in started)
     if not quiet:
         if not run.remotes:
@@ -171,6 +171,6 @@ def _save_snapshots(run: AttachedRun) -> list[str]:
         if result.ok:
             paths.append(result.output)
         else:
-            sys.stderr.write(f"torchmem: no snapshot: {result.message}\n")
+            sys.stderr.write(f"torchmem: no snapshot: {result.said}\n")
     run.command("history_stop")
     return paths

@@ -97,7 +97,7 @@ def _tell(
     for alert in session.alert_list():
         sys.stderr.write(
             f"torchmem: {alert.severity.upper()} {alert.kind} ({alert.state}, first at step "
-            f"{alert.first_step}): {alert.message}\n"
+            f"{alert.first_step}): {alert.said}\n"
             + (f"torchmem:   fix: {alert.suggestion}\n" if alert.suggestion else "")
         )
 

@@ -41,10 +41,13 @@ from torchmem.transport.discovery import AgentEntry, boot_id
 from torchmem.transport.protocol import ProtocolError
 from torchmem.transport.wire import event_from_wire
 
+#: The events that carry the process of a job they are of, as a field.
+_SCOPED = (Sample, CapacityKnown, CensusTaken, Alert, CommandResult)
+
 
 class RemoteSource:
     """Events of one agent, submitted to ``session``; in a job (``prefix``: ``rank1/``)
-    its readings and censuses carry its scope, its alerts and results are renamed."""
+    its readings, censuses, alerts and command results carry its scope as a field."""
 
     def __init__(
         self,
@@ -143,10 +146,12 @@ class RemoteSource:
         The agent's result also arrives as an event (every viewer sees it), so it is not
         submitted here again; a failure to ask is, as a failed command result.
         """
+        scope = self.entry.scope if self.prefix else ""
         try:
             reply = self._client.request(name, timeout=60.0)
         except AttachError as exc:
-            result = CommandResult(self.session.now(), name, False, f"{self.label}: {exc}")
+            message = str(exc) if scope else f"{self.label}: {exc}"
+            result = CommandResult(self.session.now(), name, False, message, scope=scope)
             self.session.submit(result)
             return result
         reply = reply if isinstance(reply, dict) else {}
@@ -156,6 +161,7 @@ class RemoteSource:
             reply.get("ok", True) is True,
             str(reply.get("message", "")),
             output=str(reply.get("output") or ""),
+            scope=scope,
         )
 
     def request_stop(self) -> None:
@@ -224,20 +230,15 @@ class RemoteSource:
                 event = replace(event, mode=self.mode)
             if self.prefix:
                 event = self._renamed(event)
-            elif isinstance(event, (Sample, CapacityKnown, CensusTaken)) and event.scope:
+            elif isinstance(event, _SCOPED) and event.scope:
                 event = replace(event, scope="")  # the viewer says whose readings they are
             self.session.submit(event)
 
     def _renamed(self, event: Any) -> Any:
-        if isinstance(event, (Sample, CapacityKnown, CensusTaken)):  # keyed by process
+        if isinstance(event, _SCOPED):  # the Session and the views say which process
             return replace(event, scope=self.entry.scope)
-        if isinstance(event, Alert):
-            return replace(event, key=self.prefix + event.key, series=self.prefix + event.series)
-        # "rank 1: Census: ...", "rank 1: gc.collect() freed ...": what each rank says of
-        # itself would otherwise read as the job's one process's.
-        if isinstance(event, CommandResult):
-            changes = {self.prefix + k: v for k, v in event.changes.items()}
-            return replace(event, message=f"{self.label}: {event.message}", changes=changes)
+        # "rank 1: detached ...": what each rank's agent says of itself would otherwise
+        # read as the job's one process's.
         if isinstance(event, LogRecord) and event.stream is Stream.TORCHMEM:
             return replace(event, text=f"{self.label}: {event.text}")
         return event

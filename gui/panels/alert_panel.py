@@ -99,7 +99,7 @@ class AlertPanel(QWidget):
                     alert.kind.replace("_", " "),
                     str(alert.first_step),
                     growth,
-                    alert.message,
+                    alert.said,
                 ]
             )
             color = QColor(
@@ -108,10 +108,10 @@ class AlertPanel(QWidget):
                 else RESOLVED_COLOR
             )
             item.setForeground(0, QBrush(color))
-            item.setData(0, Qt.UserRole, alert.key)
-            item.setToolTip(4, f"{alert.message}\n\nFix: {alert.suggestion}")
+            item.setData(0, Qt.UserRole, alert.session_key)
+            item.setToolTip(4, f"{alert.said}\n\nFix: {alert.suggestion}")
             self.tree.addTopLevelItem(item)
-            if alert.key == key:
+            if alert.session_key == key:
                 self.tree.setCurrentItem(item)
         if self.tree.currentItem() is None and self.tree.topLevelItemCount():
             self.tree.setCurrentItem(self.tree.topLevelItem(0))
@@ -124,7 +124,7 @@ class AlertPanel(QWidget):
         if item is None:
             return None
         key = item.data(0, Qt.UserRole)
-        return next((a for a in self._alerts if a.key == key), None)
+        return next((a for a in self._alerts if a.session_key == key), None)
 
     def _show_details(self, *_: object) -> None:
         alert = self.selected()
@@ -140,7 +140,7 @@ class AlertPanel(QWidget):
             self.details.setText(
                 f"<b>{alert.kind.replace('_', ' ')}</b> ({alert.severity}, {alert.state}), "
                 f"first seen at step {alert.first_step}, raised at step {alert.raised_step}"
-                f"{rate}<br>{alert.message}<br><b>Fix:</b> {alert.suggestion}"
+                f"{rate}<br>{alert.said}<br><b>Fix:</b> {alert.suggestion}"
             )
         self._update_buttons()
 
@@ -157,4 +157,4 @@ class AlertPanel(QWidget):
     def _mute(self) -> None:
         alert = self.selected()
         if alert is not None:
-            self.mute_requested.emit(alert.key)
+            self.mute_requested.emit(alert.session_key)

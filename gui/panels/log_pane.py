@@ -159,7 +159,7 @@ class LogPane(QPlainTextEdit):
             fix = f"\n  fix: {event.suggestion}" if event.suggestion else ""
             return LogRecord(event.t, Stream.TORCHMEM, event.headline + fix)
         if isinstance(event, CommandResult):
-            return LogRecord(event.t, Stream.TORCHMEM, event.message)
+            return LogRecord(event.t, Stream.TORCHMEM, event.said)
         return None
 
     def append_records(self, records: list[LogRecord]) -> None:

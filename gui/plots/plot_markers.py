@@ -164,12 +164,12 @@ class MarkerLines:
     def _draw_alerts(self) -> None:
         """A line where each alert was first raised (once per alert key)."""
         for alert in self.session.raised_alerts():
-            if alert.key in self.alerts:
+            if alert.session_key in self.alerts:
                 continue
             color = "#d62728" if alert.severity is Severity.CRITICAL else "#ff7f0e"
             lines = self._lines(
                 color, 2, Qt.DotLine, f"⚠ {alert.kind.replace('_', ' ')}", 0.8,
-                f"{alert.message}\n\nFix: {alert.suggestion}",
+                f"{alert.said}\n\nFix: {alert.suggestion}",
             )  # fmt: skip
-            self.alerts[alert.key] = (alert, lines)
+            self.alerts[alert.session_key] = (alert, lines)
             self._place(lines, alert.t, alert.raised_step)

@@ -80,13 +80,13 @@ class RunReport(QObject):
     def on_command_result(self, event: CommandResult) -> None:
         """Say what a command did; a snapshot's file stays named in the banner."""
         w = self.window
-        w.statusBar().showMessage(event.message, 15000)
+        w.statusBar().showMessage(event.said, 15000)
         if event.command == "history_start":
             w.act_history.setChecked(event.ok)
         elif event.command == "history_stop" and event.ok:
             w.act_history.setChecked(False)
         elif event.command == "snapshot":  # a file to find again: say where, and keep it up
-            w.banner.show_message(event.message, "info" if event.ok else "warning")
+            w.banner.show_message(event.said, "info" if event.ok else "warning")
 
     def toggle_history(self, checked: bool) -> None:
         """Memory > Record allocation history: asked of the target, shown once it says."""
