@@ -1,8 +1,9 @@
 """Series keys and what they mean: ``[scope/]device/metric``, their labels and tooltips.
 
 Every reading is keyed ``"<device>/<metric>"`` (``cuda:0/allocated``, ``cpu/rss``); a
-process of a job adds its scope in front (``rank1/cpu/rss``, ``total/cpu/rss``). Sources,
-analyses and views take keys apart only through these helpers.
+process of a job adds its scope in front (``rank1/cpu/rss``, ``total/cpu/rss``). Sources
+and analyses take keys apart only through these helpers; views ask the Session what a
+series is (:class:`SeriesName`).
 """
 
 from __future__ import annotations
@@ -125,12 +126,6 @@ KERNEL_PEAK = "rss_peak"
 COUNT_METRICS = frozenset({"alloc_retries", "ooms"})
 
 
-def is_sparse(key: str) -> bool:
-    """True for a series read less often than the sampler ticks (:attr:`Metric.sparse`)."""
-    metric = split_key(key)[1]
-    return metric in METRICS and METRICS[metric].sparse
-
-
 def split_key(key: str) -> tuple[str, str]:
     """``("cuda:0", "allocated")`` for ``cuda:0/allocated`` (a scope stays with the device:
     ``("rank1/cuda:0", "allocated")``)."""
@@ -158,12 +153,6 @@ def scoped(scope: str, name: str) -> str:
     """``name`` (a series key, a device) of the process or sum ``scope``: ``rank1/cpu``;
     ``name`` itself for a single process (``""``). The inverse of :func:`split_scope`."""
     return f"{scope}/{name}" if scope else name
-
-
-def in_scope(key: str, scope: str | None) -> bool:
-    """True when series ``key`` is one of ``scope``'s (``rank1``, ``total``); any series
-    for ``None`` (every rank shown)."""
-    return scope is None or split_scope(key)[0] == scope
 
 
 #: The scope of a job's sums over all its processes.
@@ -258,3 +247,72 @@ def series_label(key: str) -> str:
     if device not in ("cpu", "system"):
         label = f"{device} {label}"
     return f"{scope_label(scope)} {label}" if scope else label
+
+
+@dataclass(frozen=True)
+class SeriesName:
+    """What one series is: the process of a job it is of (``scope``: ``rank1``,
+    ``pid4242@node1``, a sum's ``total`` or ``@node1``; empty for a run's one process),
+    its device and its metric. The Session names each series it keeps with one
+    (:meth:`~torchmem.session.Session.name`); views read these fields, never the key."""
+
+    scope: str
+    device: str
+    metric: str
+
+    @classmethod
+    def of(cls, key: str) -> SeriesName:
+        """The name of series ``key`` (``rank1/cuda:0/allocated``)."""
+        scope, rest = split_scope(key)
+        return cls(scope, *split_key(rest))
+
+    @property
+    def key(self) -> str:
+        """The Session's key of the series: ``rank1/cpu/rss``."""
+        return scoped(self.scope, f"{self.device}/{self.metric}")
+
+    @property
+    def label(self) -> str:
+        """``rank 1 process RSS``, ``cuda:0 allocated``: :func:`series_label`."""
+        return series_label(self.key)
+
+    @property
+    def sparse(self) -> bool:
+        """Read less often than the sampler ticks (:attr:`Metric.sparse`)."""
+        return self.metric in METRICS and METRICS[self.metric].sparse
+
+    @property
+    def is_count(self) -> bool:
+        """A count (allocation retries, OOMs), not bytes."""
+        return self.metric in COUNT_METRICS
+
+    @property
+    def host(self) -> bool:
+        """A series of the machine's memory (``cpu``, ``system``), not an accelerator's."""
+        return self.device in ("cpu", "system")
+
+    @property
+    def is_total(self) -> bool:
+        """The job's sum over every process."""
+        return self.scope == TOTAL_SCOPE
+
+    @property
+    def is_node(self) -> bool:
+        """One machine's sum in a multi-node job."""
+        return is_node_scope(self.scope)
+
+    @property
+    def is_rank(self) -> bool:
+        """One rank of a job (not a process without a rank, not a sum)."""
+        return is_rank_scope(self.scope)
+
+    @property
+    def index(self) -> int:
+        """The number in the process's scope (its rank, or its pid): what picks its
+        colour."""
+        return scope_index(self.scope)
+
+    def shown_in(self, scope: str | None) -> bool:
+        """True when the view state's ``scope`` (one process or sum; None: every one)
+        shows this series."""
+        return scope is None or self.scope == scope

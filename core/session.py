@@ -38,10 +38,12 @@ from torchmem.job_totals import JobTotals
 from torchmem.retry_streaks import RetryStreaks
 from torchmem.series import (
     KERNEL_PEAK,
+    SeriesName,
     device_order,
     is_sum_scope,
     scope_label,
     scope_order,
+    scoped,
     split_device,
     split_key,
     split_scope,
@@ -72,6 +74,8 @@ class Session:
         #: Alert keys the user muted: their alerts are dropped on arrival, whoever raised
         #: them (this process's detector or an attached agent). Kept across runs.
         self.muted: set[str] = set()
+        #: What each series key is (:meth:`name`): the same for every run, so kept.
+        self._names: dict[str, SeriesName] = {}
         self._init_state()
 
     def _init_state(self) -> None:
@@ -255,6 +259,20 @@ class Session:
         """Series keys in the order they first appeared."""
         with self._lock:
             return list(self.series)
+
+    def name(self, key: str) -> SeriesName:
+        """What series ``key`` is: its process's scope, device and metric."""
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = SeriesName.of(key)
+        return name
+
+    def capacity_of(self, name: SeriesName) -> int | None:
+        """The total memory of the device series ``name`` is of, as its process's source
+        reported it (the RAM for ``system/available``, a share of it as the RSS is)."""
+        device = "cpu" if name.device == "system" else name.device
+        with self._lock:
+            return self._capacity.get(scoped(name.scope, device))
 
     def arrays(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """Times and values of one series for drawing (copies)."""

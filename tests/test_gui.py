@@ -685,11 +685,15 @@ def test_a_process_without_a_rank_never_takes_a_ranks_colour():
     """An mp.spawn script's own process (``pid 4242``) beside its ranks: pid 4242 and
     rank 2 once had the same orange (4242 % 8 == 2)."""
     from torchmem.gui.plots.trace_plot import series_color
+    from torchmem.series import SeriesName
 
-    ranks = {series_color(f"rank{r}/cpu/rss").name() for r in range(8)}
+    def rss(scope):
+        return series_color(SeriesName(scope, "cpu", "rss"))
+
+    ranks = {rss(f"rank{r}").name() for r in range(8)}
     for scope in ("pid4242", "pid4243", "pid7@node1"):
-        assert series_color(f"{scope}/cpu/rss").name() not in ranks
-    assert series_color("pid4242/cpu/rss") != series_color("pid4243/cpu/rss")
+        assert rss(scope).name() not in ranks
+    assert rss("pid4242") != rss("pid4243")
 
 
 def test_open_recent_lists_one_script_as_one_entry_after_a_restart(

@@ -11,17 +11,7 @@ from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidg
 from torchmem.gui.bridge import SessionBridge
 from torchmem.gui.plots.trace_plot import series_color
 from torchmem.gui.view_state import ViewState
-from torchmem.series import (
-    COUNT_METRICS,
-    KERNEL_PEAK,
-    METRICS,
-    in_scope,
-    is_sparse,
-    scoped,
-    series_label,
-    split_key,
-    split_scope,
-)
+from torchmem.series import KERNEL_PEAK, METRICS
 from torchmem.session import Session
 from torchmem.units import format_bytes, format_duration
 
@@ -66,7 +56,7 @@ class ReadingsTable(QTableWidget):
         """Show only the rows of one rank (or the total), as the traces do."""
         self.scope = scope
         for key, row in self._rows.items():
-            self.setRowHidden(row, not in_scope(key, scope))
+            self.setRowHidden(row, not self.session.name(key).shown_in(scope))
 
     def bind(self, bridge: SessionBridge) -> None:
         """Refresh the figures at the bridge's redraw rate."""
@@ -90,30 +80,30 @@ class ReadingsTable(QTableWidget):
         grey = self.palette().color(QPalette.Disabled, QPalette.Text)
         normal = self.palette().color(QPalette.Text)
         kernel = self.session.kernel_peaks()
-        capacity = self.session.capacity()
         for key, (last, peak, when) in latest.items():
-            if split_key(key)[1] == KERNEL_PEAK:
+            name = self.session.name(key)
+            if name.metric == KERNEL_PEAK:
                 continue  # it is the RSS row's peak where higher, not a row of its own
             row = self._rows.get(key)
             if row is None:
                 row = self._rows[key] = self.rowCount()
                 self.insertRow(row)
-                item = QTableWidgetItem(series_label(key))
-                item.setForeground(series_color(key))
-                metric = split_key(key)[1]
+                item = QTableWidgetItem(name.label)
+                item.setForeground(series_color(name))
+                metric = name.metric
                 item.setToolTip(METRICS[metric].tooltip if metric in METRICS else key)
                 self.setItem(row, 0, item)
                 for col in range(1, 4):
                     cell = QTableWidgetItem()
                     cell.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                     self.setItem(row, col, cell)
-                self.setRowHidden(row, not in_scope(key, self.scope))
+                self.setRowHidden(row, not name.shown_in(self.scope))
             now_item = self.item(row, 1)
-            fmt = _count if split_key(key)[1] in COUNT_METRICS else format_bytes
+            fmt = _count if name.is_count else format_bytes
             age = reference - when
             if math.isnan(last):
                 now_item.setText("–")
-            elif age > (SPARSE_STALE_AFTER_S if is_sparse(key) else STALE_AFTER_S):
+            elif age > (SPARSE_STALE_AFTER_S if name.sparse else STALE_AFTER_S):
                 old = format_duration(age, coarse=age >= 10)
                 now_item.setText(f"{fmt(last)} · {old}")
                 now_item.setForeground(grey)
@@ -132,10 +122,7 @@ class ReadingsTable(QTableWidget):
                 if key in kernel
                 else ""
             )
-            scope, bare = split_scope(key)
-            device = split_key(bare)[0]
-            # The host's available memory is a share of its RAM, as the process's RSS is.
-            total = capacity.get(scoped(scope, "cpu" if device == "system" else device))
+            total = self.session.capacity_of(name)
             counts = fmt is _count
             share = (
                 f"{100 * last / total:.1f} %"

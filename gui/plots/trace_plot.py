@@ -17,19 +17,7 @@ from torchmem.gui.bridge import SessionBridge
 from torchmem.gui.plots.plot_markers import MarkerLines
 from torchmem.gui.theme import follow_palette
 from torchmem.gui.view_state import WINDOWS, ViewState
-from torchmem.series import (
-    COUNT_METRICS,
-    METRICS,
-    TOTAL_SCOPE,
-    in_scope,
-    is_node_scope,
-    is_rank_scope,
-    is_sparse,
-    scope_index,
-    series_label,
-    split_key,
-    split_scope,
-)
+from torchmem.series import METRICS, SeriesName
 from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
 
@@ -65,30 +53,28 @@ PROCESS_COLORS = ("#bcbd22", "#7b4173", "#637939", "#843c39", "#393b79", "#8c6d3
 TOTAL_COLOR = "#404040"
 
 
-def series_color(key: str) -> QColor:
+def series_color(name: SeriesName) -> QColor:
     """A stable colour per metric (per rank in a job); further devices of one kind get
     darker shades."""
-    scope, rest = split_scope(key)
-    device, metric = split_key(rest)
-    if scope == TOTAL_SCOPE:
+    if name.is_total:
         color = QColor(TOTAL_COLOR)
-    elif is_node_scope(scope):  # a machine's total: a grey of its own, lighter than the job's
-        color = QColor(TOTAL_COLOR).lighter(150 + 40 * (sum(map(ord, scope)) % 4))
-    elif scope:
-        palette = RANK_COLORS if is_rank_scope(scope) else PROCESS_COLORS
-        color = QColor(palette[scope_index(scope) % len(palette)])
-        if metric in ("reserved", "uss", "nvml_used"):
+    elif name.is_node:  # a machine's total: a grey of its own, lighter than the job's
+        color = QColor(TOTAL_COLOR).lighter(150 + 40 * (sum(map(ord, name.scope)) % 4))
+    elif name.scope:
+        palette = RANK_COLORS if name.is_rank else PROCESS_COLORS
+        color = QColor(palette[name.index % len(palette)])
+        if name.metric in ("reserved", "uss", "nvml_used"):
             color = color.lighter(140)
     else:
-        color = QColor(COLORS.get(metric, "#7f7f7f"))
-    index = int(device.rpartition(":")[2]) if device.rpartition(":")[2].isdigit() else 0
-    return color.darker(100 + 35 * index) if index and not scope else color
+        color = QColor(COLORS.get(name.metric, "#7f7f7f"))
+    number = name.device.rpartition(":")[2]
+    index = int(number) if number.isdigit() else 0
+    return color.darker(100 + 35 * index) if index and not name.scope else color
 
 
-def plot_group(key: str) -> str:
+def plot_group(name: SeriesName) -> str:
     """Which plot a series goes to: ``host`` for cpu/system, else ``accelerator``."""
-    device, _ = split_key(split_scope(key)[1])
-    return "host" if device in ("cpu", "system") else "accelerator"
+    return "host" if name.host else "accelerator"
 
 
 class TracePlot(pg.GraphicsLayoutWidget):
@@ -243,9 +229,8 @@ class TracePlot(pg.GraphicsLayoutWidget):
         """Show only the series of one rank (or the total); ``None`` shows every rank."""
         self.scope = scope
         for key, curve in self._curves.items():
-            _, metric = split_key(key)
-            shown = in_scope(key, scope)
-            curve.setVisible(shown and metric not in HIDDEN_BY_DEFAULT)
+            name = self.session.name(key)
+            curve.setVisible(name.shown_in(scope) and name.metric not in HIDDEN_BY_DEFAULT)
         self.refresh(force=True)
 
     def curve_keys(self) -> list[str]:
@@ -265,7 +250,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
                     self.legend.removeItem(curve)
                     sample.deleteLater()
                     label.deleteLater()
-            self.plots[plot_group(key)].removeItem(curve)
+            self.plots[plot_group(self.session.name(key))].removeItem(curve)
             curve.deleteLater()
         self._curves.clear()
         self._xy.clear()
@@ -304,26 +289,26 @@ class TracePlot(pg.GraphicsLayoutWidget):
     def _curve(self, key: str) -> pg.PlotDataItem:
         curve = self._curves.get(key)
         if curve is None:
-            _, metric = split_key(key)
-            pen = pg.mkPen(series_color(key), width=2)
+            name = self.session.name(key)
+            metric, label = name.metric, name.label
+            pen = pg.mkPen(series_color(name), width=2)
             if metric in DASHED:
                 pen.setStyle(Qt.DashLine)
-            group = plot_group(key)
-            plot = self.plots[group]
-            if is_sparse(key):
+            plot = self.plots[plot_group(name)]
+            if name.sparse:
                 # Read every few seconds (USS): a dot per reading. A line between readings
                 # would invent the values in between (a ramp down from a burst long gone).
                 curve = plot.plot(
                     [], [], pen=None, symbol="o", symbolSize=5, symbolPen=None,
-                    symbolBrush=series_color(key), name=series_label(key),
+                    symbolBrush=series_color(name), name=label,
                     skipFiniteCheck=True,
                 )  # fmt: skip
             else:
-                curve = plot.plot([], [], pen=pen, name=series_label(key), skipFiniteCheck=True)
-            self.legend.addItem(curve, series_label(key))
+                curve = plot.plot([], [], pen=pen, name=label, skipFiniteCheck=True)
+            self.legend.addItem(curve, label)
             self._fit_legend()
             curve.setToolTip(METRICS[metric].tooltip if metric in METRICS else key)
-            if metric in HIDDEN_BY_DEFAULT or not in_scope(key, self.scope):
+            if metric in HIDDEN_BY_DEFAULT or not name.shown_in(self.scope):
                 curve.setVisible(False)
             plot.setVisible(True)
             self._curves[key] = curve
@@ -370,10 +355,10 @@ class TracePlot(pg.GraphicsLayoutWidget):
             return
         # Counts (allocation retries, OOMs) are no bytes: the readings table shows them.
         every = self.session.keys()
-        keys = [k for k in every if split_key(k)[1] not in COUNT_METRICS]
+        keys = [k for k in every if not self.session.name(k).is_count]
         data = {k: self.session.arrays(k) for k in keys}
         for group, plot in self.plots.items():
-            group_keys = [k for k in keys if plot_group(k) == group]
+            group_keys = [k for k in keys if plot_group(self.session.name(k)) == group]
             if not group_keys:
                 continue
             unit = self._pick_unit(data, group_keys)
@@ -462,7 +447,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         xs, vs = self._xy.get(key, (np.empty(0), np.empty(0)))
         if not len(xs):
             return None
-        if is_sparse(key):
+        if self.session.name(key).sparse:
             i = max(int(np.searchsorted(xs, x, side="right")) - 1, 0)
             return float(xs[i]), float(vs[i])
         i = int(np.clip(np.searchsorted(xs, x), 0, len(xs) - 1))
@@ -508,8 +493,9 @@ class TracePlot(pg.GraphicsLayoutWidget):
             if found is None:
                 continue
             when, value = found
-            color = series_color(key).name()
-            part = f"<span style='color:{color}'>{series_label(key)}</span> {format_bytes(value)}"
+            name = self.session.name(key)
+            color = series_color(name).name()
+            part = f"<span style='color:{color}'>{name.label}</span> {format_bytes(value)}"
             if abs(when - at) > 1e-9:
                 part += f" <i>({self._moment_text(when, at)})</i>"
             parts.append(part)
