@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from torchmem.series import scope_label, scoped, split_scope
+from torchmem.series import said_by, scoped, split_scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +171,7 @@ class CommandResult:
     def said(self) -> str:
         """The message, with the process of a job that it is about: ``rank 1: Census:
         …``; each rank of a job says its own result."""
-        return f"{scope_label(self.scope)}: {self.message}" if self.scope else self.message
+        return said_by(self.scope, self.message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +273,7 @@ class Alert:
     def said(self) -> str:
         """The message, with the process of a job that it is about: ``rank 1: process
         RSS grew…``."""
-        return f"{scope_label(self.scope)}: {self.message}" if self.scope else self.message
+        return said_by(self.scope, self.message)
 
     @property
     def headline(self) -> str:

@@ -8,6 +8,7 @@ series is (:class:`SeriesName`).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -224,6 +225,12 @@ def scope_label(scope: str) -> str:
     return scope
 
 
+def said_by(scope: str, text: str) -> str:
+    """``text`` as the process ``scope`` of a job says it (``rank 1: Census: …``); ``text``
+    itself for a run's one process (``""``)."""
+    return f"{scope_label(scope)}: {text}" if scope else text
+
+
 def device_label(name: str) -> str:
     """``rank 2 · cpu`` for a device of one process of a job (``rank2/cpu``, as the
     Session's census history names it); the device itself (``cuda:0``) for a single
@@ -261,6 +268,7 @@ class SeriesName:
     metric: str
 
     @classmethod
+    @functools.lru_cache(maxsize=4096)  # views ask for every series at every redraw
     def of(cls, key: str) -> SeriesName:
         """The name of series ``key`` (``rank1/cuda:0/allocated``)."""
         scope, rest = split_scope(key)

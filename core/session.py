@@ -74,8 +74,6 @@ class Session:
         #: Alert keys the user muted: their alerts are dropped on arrival, whoever raised
         #: them (this process's detector or an attached agent). Kept across runs.
         self.muted: set[str] = set()
-        #: What each series key is (:meth:`name`): the same for every run, so kept.
-        self._names: dict[str, SeriesName] = {}
         self._init_state()
 
     def _init_state(self) -> None:
@@ -262,10 +260,7 @@ class Session:
 
     def name(self, key: str) -> SeriesName:
         """What series ``key`` is: its process's scope, device and metric."""
-        name = self._names.get(key)
-        if name is None:
-            name = self._names[key] = SeriesName.of(key)
-        return name
+        return SeriesName.of(key)
 
     def capacity_of(self, name: SeriesName) -> int | None:
         """The total memory of the device series ``name`` is of, as its process's source
@@ -309,17 +304,6 @@ class Session:
         """Last value and peak of every series."""
         with self._lock:
             return {k: (b.last, self._peak(k, b)) for k, b in self.series.items()}
-
-    def latest_of(self, scope: str) -> dict[str, tuple[float, float]]:
-        """Last value and peak of every series of one process (``rank1``; ``""`` for a
-        run's one process), under the process's own keys (``cuda:0/allocated``)."""
-        with self._lock:
-            return {
-                rest: (b.last, self._peak(k, b))
-                for k, b in self.series.items()
-                for owner, rest in [split_scope(k)]
-                if owner == scope
-            }
 
     def latest_timed(self) -> dict[str, tuple[float, float, float]]:
         """Last value, peak and the time of the last reading of every series: a reading

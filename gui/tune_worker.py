@@ -44,13 +44,12 @@ class TuneWorker(Worker):
     def work(self) -> TuneResult:
         """Predict (when asked), then search: a TuneResult (``finished`` carries None when
         it failed or was cancelled)."""
-        prior, flat = None, False
+        prediction = None
         if self.predict_first:
             prediction = predict(
                 self.plan, self.minimum, self.maximum, self.limit, self.cancel_event
             )
             self.predicted.emit(prediction)
-            prior, flat = prediction.fit, prediction.flat
         search = plan_search(
             self.plan,
             self.limit,
@@ -59,7 +58,6 @@ class TuneWorker(Worker):
             self.rounding,  # type: ignore[arg-type]
             on_trial=lambda trial, fit: self.trial_done.emit(trial, fit),
             cancel=self.cancel_event,
-            prior=prior,
-            flat_prior=flat,
+            prediction=prediction,
         )
         return search.run()

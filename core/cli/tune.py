@@ -122,8 +122,7 @@ def tune_headless(
         max_trials,
         on_trial,
         cancel,
-        prior=prediction.fit if prediction is not None else None,
-        flat_prior=prediction is not None and prediction.flat,
+        prediction=prediction,
     )
     try:
         result = search.run()

@@ -32,7 +32,7 @@ from torchmem.events import (
     Sample,
     Stream,
 )
-from torchmem.series import scope_label
+from torchmem.series import said_by, scope_label
 from torchmem.session import Session
 from torchmem.sources.vanished import oom_killer_hint
 from torchmem.timeseries import StepClock
@@ -240,7 +240,7 @@ class RemoteSource:
         # "rank 1: detached ...": what each rank's agent says of itself would otherwise
         # read as the job's one process's.
         if isinstance(event, LogRecord) and event.stream is Stream.TORCHMEM:
-            return replace(event, text=f"{self.label}: {event.text}")
+            return replace(event, text=said_by(self.entry.scope, event.text))
         return event
 
     def _on_closed(self, reason: str) -> None:

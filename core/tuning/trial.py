@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
@@ -42,6 +42,9 @@ from torchmem.tuning.search import (
     prior_share,
     resolution,
 )
+
+if TYPE_CHECKING:  # predict imports this module: the name is for the annotation only
+    from torchmem.tuning.predict import Prediction
 
 #: How often a running trial's RSS is checked against the budget (CPU).
 WATCH_PERIOD_S = 0.02
@@ -191,13 +194,12 @@ def plan_search(
     max_trials: int = 12,
     on_trial: Callable[[Trial, Fit | None], None] | None = None,
     cancel: threading.Event | None = None,
-    prior: Fit | None = None,
-    flat_prior: bool = False,
+    prediction: Prediction | None = None,
 ) -> BatchSearch:
     """The search of ``plan``'s trials, as ``torchmem tune`` and the Tune panel both run
     it: one construction, so that the two give the same answer for the same settings.
-    ``prior``: the fake steps' model; ``flat_prior``: they saw no tensor grow with the
-    batch (:attr:`~torchmem.tuning.predict.Prediction.flat`)."""
+    ``prediction``: the fake steps', if they ran (their model is the search's prior;
+    where their tensors stayed flat, a rise must be larger to count)."""
     cancel = cancel or threading.Event()
     return BatchSearch(
         lambda batch, role, predicted: run_trial(plan, batch, cancel),
@@ -208,9 +210,9 @@ def plan_search(
         max_trials,
         on_trial,
         cancel,
-        prior=prior,
+        prior=prediction.fit if prediction is not None else None,
         prior_share=prior_share(plan.device),
-        resolution=resolution(plan.device, flat_prior),
+        resolution=resolution(plan.device, prediction is not None and prediction.flat),
     )
 
 

@@ -27,7 +27,7 @@ from torchmem.events import CensusTaken
 from torchmem.gui.bridge import SessionBridge
 from torchmem.gui.panels.tensor_model import TensorModel
 from torchmem.gui.view_state import ViewState
-from torchmem.series import is_sum_scope, process_device_label, scope_label
+from torchmem.series import SeriesName, is_sum_scope, process_device_label, scope_label
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, CensusDiff, StorageInfo, TensorInfo
 from torchmem.tensors.referrers import referrers_of
@@ -229,7 +229,7 @@ class TensorPanel(QWidget):
         census = taken.census
         if not any(s.tensors for s in census.storages.values()):
             return "The census found no live tensors."
-        latest = self.session.latest_of(taken.scope)
+        latest = self.session.latest()
         lines = []
         for device in census.devices() or ["cpu"]:
             unique, naive = census.total_bytes(device), census.naive_bytes(device)
@@ -239,7 +239,8 @@ class TensorPanel(QWidget):
                 f"in {n:,} tensors "
                 f"(unique storage bytes) · naive sum {format_bytes(naive)}"
             )
-            allocated = latest.get(f"{device}/allocated", (math.nan, 0))[0]
+            key = SeriesName(taken.scope, device, "allocated").key
+            allocated = latest.get(key, (math.nan, 0))[0]
             if device != "cpu" and not math.isnan(allocated):
                 line += f" · {format_bytes(allocated - unique)} {GAP_LABEL}"
             kinds = census.bytes_by_kind(device)
