@@ -191,10 +191,6 @@ class CensusTaken:
     #: their own names (``cpu``, ``cuda:0``). Empty for a run's one process.
     scope: str = ""
 
-    def devices(self) -> list[str]:
-        """The census's devices under the Session's device names (``rank1/cpu``)."""
-        return [scoped(self.scope, device) for device in self.census.devices()]
-
 
 class _Word(str, Enum):
     """An enum whose members read as their value in text (``f"{kind}"`` is ``leak``)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -231,18 +231,28 @@ def said_by(scope: str, text: str) -> str:
     return f"{scope_label(scope)}: {text}" if scope else text
 
 
-def device_label(name: str) -> str:
-    """``rank 2 · cpu`` for a device of one process of a job (``rank2/cpu``, as the
-    Session's census history names it); the device itself (``cuda:0``) for a single
-    process."""
-    return process_device_label(*split_device(name))
-
-
 def process_device_label(scope: str, device: str) -> str:
     """``rank 2 · cpu`` for ``device`` of the process ``scope`` of a job (a census's
     :attr:`~torchmem.events.CensusTaken.scope` and one of its devices); ``device`` for a
     single process (``""``)."""
     return f"{scope_label(scope)} · {device}" if scope else device
+
+
+class ProcessDevice(NamedTuple):
+    """A device of one process of a job (``("rank2", "cpu")``), or of a run's one process
+    (``("", "cuda:0")``): how the Session's census history names the devices it has seen."""
+
+    scope: str
+    device: str
+
+    @property
+    def label(self) -> str:
+        """``rank 2 · cpu``; ``cuda:0`` for a run's one process."""
+        return process_device_label(self.scope, self.device)
+
+    def order(self) -> tuple[tuple[bool, bool, list[Any]], bool, str]:
+        """Sort key: rank 2 before rank 10, then within a process the CPU first."""
+        return scope_order(self.scope), self.device != "cpu", self.device
 
 
 def series_label(key: str) -> str:

@@ -38,6 +38,7 @@ from torchmem.job_totals import JobTotals
 from torchmem.retry_streaks import RetryStreaks
 from torchmem.series import (
     KERNEL_PEAK,
+    ProcessDevice,
     SeriesName,
     device_order,
     is_sum_scope,
@@ -99,7 +100,7 @@ class Session:
         # before (in a job the ranks' censuses come in turn: what changed is per rank).
         self._censuses_of: dict[str, tuple[CensusTaken, CensusTaken | None]] = {}
         # (t, step, {device: {kind: bytes}}) per census: the breakdown chart's data.
-        self.census_history: deque[tuple[float, int, dict[str, dict[str, int]]]] = deque(
+        self.census_history: deque[tuple[float, int, dict[ProcessDevice, dict[str, int]]]] = deque(
             maxlen=5000
         )
 
@@ -238,8 +239,8 @@ class Session:
             self._censuses_of[event.scope] = (event, before[0] if before else None)
             census = event.census
             by_device = {
-                name: census.bytes_by_kind(device)
-                for name, device in zip(event.devices(), census.devices(), strict=True)
+                ProcessDevice(event.scope, device): census.bytes_by_kind(device)
+                for device in census.devices()
             }
             self.census_history.append((event.t, event.step, by_device))
         elif isinstance(event, CapacityKnown):
@@ -311,26 +312,35 @@ class Session:
         with self._lock:
             return {k: (b.last, self._peak(k, b), float(b.last_t)) for k, b in self.series.items()}
 
-    def peak_bytes(self) -> dict[str, float]:
-        """Peak per device for summaries: accelerator peak allocated, and ``cpu_rss``."""
+    def _series_of(self, scope: str | None) -> list[tuple[str, str, SeriesBuffer]]:
+        """(key, key within its scope, buffer) of every series, or of the process or sum
+        ``scope`` only (``""``: a single process's). Called with the lock held."""
+        rows = [(key, *split_scope(key), buf) for key, buf in self.series.items()]
+        return [(key, inner, buf) for key, s, inner, buf in rows if scope is None or s == scope]
+
+    def peak_bytes(self, scope: str | None = None) -> dict[str, float]:
+        """Peak per device for summaries: accelerator peak allocated, and ``cpu_rss``
+        (``rank1/cpu_rss`` for a rank of a job); with ``scope``, that process's alone,
+        named within it (``cpu_rss``)."""
         with self._lock:
             peaks: dict[str, float] = {}
-            for key, buf in self.series.items():
-                device, metric = split_key(key)
-                if metric == "rss":  # "cpu_rss", or "rank1/cpu_rss" for a rank of a job
+            for key, name, buf in self._series_of(scope):
+                device, metric = split_key(key if scope is None else name)
+                if metric == "rss":
                     peaks[f"{device}_rss"] = self._peak(key, buf)
                 elif metric in ("peak_allocated", "allocated") and buf.count:
                     peaks[device] = max(peaks.get(device, 0.0), buf.peak)
         return dict(sorted(peaks.items(), key=lambda kv: device_order(kv[0])))
 
-    def peaks_of(self, metric: str) -> dict[str, int]:
+    def peaks_of(self, metric: str, scope: str | None = None) -> dict[str, int]:
         """The highest reading of ``metric`` per device (``{"cuda:0": ...}`` for
-        ``reserved``), over the whole run (buckets keep every peak)."""
+        ``reserved``), over the whole run (buckets keep every peak); with ``scope``, of
+        that process alone (``rank1``: its ``cuda:1``)."""
         with self._lock:
             return {
                 device: int(buf.peak)
-                for key, buf in self.series.items()
-                for device, m in [split_key(key)]
+                for key, name, buf in self._series_of(scope)
+                for device, m in [split_key(key if scope is None else name)]
                 if m == metric and buf.count
             }
 
@@ -364,8 +374,14 @@ class Session:
         found.discard("")
         return sorted(found, key=scope_order)
 
-    def breakdown(self) -> list[tuple[float, int, dict[str, dict[str, int]]]]:
-        """Bytes by kind per device for every census so far, oldest first."""
+    def holds_tensors(self, scope: str) -> bool:
+        """True for a process's scope (``rank1``, or ``""`` alone), which has censuses of
+        its own; False for the sums torchmem adds up (``total``, ``@node1``)."""
+        return not is_sum_scope(scope)
+
+    def breakdown(self) -> list[tuple[float, int, dict[ProcessDevice, dict[str, int]]]]:
+        """Bytes by kind per device of each process for every census so far, oldest
+        first."""
         with self._lock:
             return list(self.census_history)
 

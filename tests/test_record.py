@@ -412,7 +412,7 @@ def test_a_run_that_vanished_when_ram_ran_out_is_blamed_on_the_oom_killer(tmp_pa
         values = {"system/available": 8 * 2**30 - i * 280 * 2**20, "cpu/rss": 1e9 + i * 3e8}
         job.submit(Sample(i * 0.1, values, scope="rank1"))
     assert oom_killer_hint(job, total) == ""
-    assert "72.00 MiB" in oom_killer_hint(job, total, prefix="rank1/")
+    assert "72.00 MiB" in oom_killer_hint(job, total, scope="rank1")
     # The recording stops there (the monitor was killed too): its report says why, likely.
     recorder.close({"complete": False})
     message = recorded_summary(load(path))["message"]
@@ -559,7 +559,11 @@ def test_a_jobs_censuses_reopen_as_each_ranks_old_files_included(tmp_path):
     for event in taken:
         again.submit(event)
     assert again.censuses("rank1")[0].census.total_bytes() == 2048
-    assert [sorted(by) for _, _, by in again.breakdown()] == [["rank0/cpu"], ["rank1/cpu"], ["cpu"]]
+    assert [list(by) for _, _, by in again.breakdown()] == [
+        [("rank0", "cpu")],
+        [("rank1", "cpu")],
+        [("", "cpu")],
+    ]
     listing = _torchmem("report", "--censuses", str(path))
     assert listing.returncode == 0, listing.stderr
     whys = [line.split("  ")[-1] for line in listing.stdout.splitlines()[1:]]

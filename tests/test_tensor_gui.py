@@ -288,10 +288,9 @@ def rank_census(t, step, name, sizes):
     """A census of one process of a job, as its source submits it: ``name`` is the
     Session's name of its device (``rank0/cpu``: the scope field ``rank0``, the device
     ``cpu``), a storage of each size (bytes) at addresses that tell them apart."""
-    from torchmem.series import split_device
     from torchmem.tensors.model import Census, StorageInfo, TensorInfo
 
-    scope, device = split_device(name)
+    scope, _, device = name.rpartition("/")
     storages = {}
     for i, nbytes in enumerate(sizes):
         key, n = (device, 4096 * (i + 1)), nbytes // 4
@@ -313,7 +312,7 @@ def test_the_breakdown_of_one_rank_follows_its_own_censuses(qtbot, window):
     window.bridge.flush()
     window.breakdown.refresh(force=True)
     combo = window.breakdown.device_combo
-    combo.setCurrentIndex(combo.findData("rank0/cpu"))
+    combo.setCurrentIndex([combo.itemData(i) for i in range(combo.count())].index(("rank0", "cpu")))
     assert combo.currentText() == "rank 0 · cpu"  # not the series' "rank0/cpu"
     window.breakdown.refresh(force=True)
     assert window.breakdown.stacked_totals() == [1.0, 2.0]  # KiB: rank 0's two censuses
@@ -358,13 +357,13 @@ def test_the_tensors_breakdown_and_readings_follow_the_rank_chosen_in_the_toolba
     combo = window.rank_combo
     qtbot.waitUntil(lambda: combo.findData("rank0") >= 0, timeout=5_000)
     combo.setCurrentIndex(combo.findData("rank1"))
-    assert window.breakdown.device == "rank1/cpu"
+    assert window.breakdown.device == ("rank1", "cpu")
     readings = window.readings
     shown = [k for k, r in readings._rows.items() if not readings.isRowHidden(r)]
     assert shown == ["rank1/cpu/rss"], "the readings follow the chosen rank too"
     combo.setCurrentIndex(combo.findData("rank0"))
     assert window.tensors.scope == "rank0"
-    assert window.breakdown.device == "rank0/cpu"
+    assert window.breakdown.device == ("rank0", "cpu")
     assert "rank 0 · cpu" in window.tensors.headline.text()
     assert window.tensors.model.matching() == 1
     window.session.submit(rank_census(3.0, 2, "rank1/cpu", [4096]))

@@ -59,6 +59,11 @@ def test_torchmem_run_torchrun_serves_every_rank_and_sums_them(runtime_dir, tmp_
     assert data["kind"] == "job" and data["steps"] >= 30, data["steps"]
     peaks = data["peak_bytes"]
     assert peaks["total/cpu_rss"] >= max(peaks["rank0/cpu_rss"], peaks["rank1/cpu_rss"])
+    # Each rank's row carries its own peaks, named within it (what tune reads of a job).
+    assert [r["peak_bytes"]["cpu_rss"] for r in data["ranks"]] == [
+        peaks["rank0/cpu_rss"],
+        peaks["rank1/cpu_rss"],
+    ]
     assert "2 processes with torch" in proc.stderr
 
 
@@ -212,7 +217,7 @@ def test_a_three_rank_jobs_views_totals_and_recording_agree_per_rank(qtbot, make
         assert window.plot._xy[key][1][-1] == rss[rank]
         taken = session.censuses(rank)[0]
         census = taken.census
-        assert taken.scope == rank and taken.devices() == [f"{rank}/cpu"]
+        assert taken.scope == rank and census.devices() == ["cpu"]
         buffer = next(t for t in census.tensors() if t.name == "rank_buffer")
         own = census.storages[buffer.storage_key].nbytes
         assert own == (int(rank[-1]) + 1) * 2**20, "each rank's own buffer"
@@ -228,7 +233,7 @@ def test_a_three_rank_jobs_views_totals_and_recording_agree_per_rank(qtbot, make
     shown = [k for k, row in window.readings._rows.items() if not window.readings.isRowHidden(row)]
     assert shown and all(k.startswith("rank2/") for k in shown)
     assert window.tensors.scope == "rank2" and "rank 2 · cpu" in window.tensors.headline.text()
-    assert window.breakdown.device == "rank2/cpu"
+    assert window.breakdown.device == ("rank2", "cpu")
     assert window.breakdown.device_combo.currentText() == "rank 2 · cpu"
 
     # The recording reopens with the same series, per rank and total, point for point.

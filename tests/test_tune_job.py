@@ -85,10 +85,12 @@ def test_a_job_trial_over_the_budget_is_stopped_with_every_rank():
     assert not leftover_ranks(), "a rank of the stopped job is still running"
 
 
-def rank(n, run_status="finished", message="stopped after 4 steps (--max-steps)", step=0.1):
+def rank(n, run_status="finished", message="stopped after 4 steps (--max-steps)", step=0.1,
+         peaks=None, reserved=None):  # fmt: skip
     return {"pid": 100 + n, "rank": n, "world_size": 2, "status": "finished", "ended": True,
             "host": None, "run_status": run_status, "exit_code": 0, "message": message,
-            "steps": 4, "step_time_s": step}  # fmt: skip
+            "steps": 4, "step_time_s": step, "peak_bytes": peaks or {},
+            "peak_reserved_bytes": reserved or {}}  # fmt: skip
 
 
 def test_a_job_summary_takes_its_slowest_rank_and_its_first_failure():
@@ -103,11 +105,14 @@ def test_a_rank_out_of_memory_is_an_oom_trial_and_the_fullest_rank_counts():
     # Never run on a GPU here: the per-rank CUDA figures of a job summary as a stub.
     plan = TrialPlan("torchrun", ("train.py",), "--batch-size", device="cuda:0",
                      budget_bytes=80 * GiB, job=True)  # fmt: skip
-    peaks = {"rank0/cuda:0": 10 * GiB, "rank1/cuda:1": 12 * GiB, "total/cuda:0": 22 * GiB}
-    reserved = {"rank0/cuda:0": 11 * GiB, "rank1/cuda:1": 14 * GiB, "rank1/cpu": 1}
-    assert worst_rank_peak(reserved, "cuda:0") == 14 * GiB
-    summary = {"steps": 4, "peak_bytes": peaks, "peak_reserved_bytes": reserved,
-               "ranks": [rank(0), rank(1)], "step_time_s": 0.5}  # fmt: skip
+    ranks = [rank(0, peaks={"cuda:0": 10 * GiB}, reserved={"cuda:0": 11 * GiB}),
+             rank(1, peaks={"cuda:1": 12 * GiB, "cpu_rss": 20 * GiB},
+                  reserved={"cuda:1": 14 * GiB})]  # fmt: skip
+    assert worst_rank_peak(ranks, "peak_reserved_bytes", "cuda:0") == 14 * GiB
+    # The job's sums (22 GiB on no one device) are the summary's, never a rank's.
+    summary = {"steps": 4, "peak_bytes": {"total/cuda:0": 22 * GiB},
+               "peak_reserved_bytes": {"total/cuda:0": 25 * GiB},
+               "ranks": ranks, "step_time_s": 0.5}  # fmt: skip
     trial = measured_trial(plan, 32, 0, 0, None, summary, "", 9.0)
     assert trial.ok and trial.peak_bytes == 14 * GiB and trial.peak_allocated_bytes == 12 * GiB
     assert trial.samples_per_s == pytest.approx(2 * 32 / 0.5)  # both ranks' samples

@@ -130,7 +130,7 @@ def attach_headless(
         injected=run.injected,
         attached="agent" if run.remotes else "process",
         duration_s=round(time.monotonic() - attached_at, 3),
-        ranks=[rank_row(r) for r in run.remotes],
+        ranks=[rank_row(r, session) for r in run.remotes],
     )
     if snapshot:
         data["snapshots"] = snapshots

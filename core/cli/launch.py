@@ -109,7 +109,7 @@ def run_command(
     follower.join(5.0)
     job.close(grace_s=2.0)  # the last events of a rank that has just exited
     ranks = sorted(job.remotes, key=lambda r: (r.entry.rank or 0, r.pid))
-    rows = [rank_row(r) for r in ranks]
+    rows = [rank_row(r, session) for r in ranks]
     data = build_summary(
         "job",
         session,

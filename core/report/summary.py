@@ -33,11 +33,13 @@ def int_peaks(peaks: dict[str, float]) -> dict[str, int]:
     return {k: int(v) for k, v in peaks.items()}
 
 
-def rank_row(remote: Any) -> dict[str, Any]:
-    """One process of a job or an attach (a :class:`~torchmem.sources.remote.RemoteSource`):
-    ``status`` is ``finished`` (its run reported its end), ``ended`` (it went away
-    without saying how) or ``running`` (still running when the summary was written);
-    ``ended`` is True for the first two."""
+def rank_row(remote: Any, session: Session) -> dict[str, Any]:
+    """One process of a job or an attach (a :class:`~torchmem.sources.remote.RemoteSource`
+    submitting to ``session``): ``status`` is ``finished`` (its run reported its end),
+    ``ended`` (it went away without saying how) or ``running`` (still running when the
+    summary was written); ``ended`` is True for the first two. Its own peaks are fields
+    of its row, named within the process (``cuda:1``), for a reader that wants the
+    fullest rank."""
     if remote.run_finished_seen:
         status = "finished"
     elif remote.end_reason not in ("", "closed"):
@@ -58,6 +60,8 @@ def rank_row(remote: Any) -> dict[str, Any]:
         "message": finished.message if finished is not None else None,
         "steps": remote.steps.steps,
         "step_time_s": clock_step_time(remote.steps),
+        "peak_bytes": int_peaks(session.peak_bytes(remote.scope)),
+        "peak_reserved_bytes": session.peaks_of("reserved", remote.scope),
     }
 
 

@@ -103,8 +103,7 @@ class AttachedRun:
         multi = len(entries) > 1
         errors = []
         for entry in entries:
-            prefix = f"{entry.scope}/" if multi else ""
-            remote = RemoteSource(self.session, entry, prefix)
+            remote = RemoteSource(self.session, entry, in_job=multi)
             try:
                 remote.connect()
             except AttachError as exc:
@@ -133,7 +132,7 @@ class AttachedRun:
             if entry.world_size and not self.job.expected:
                 ranks = tuple(rank_scope(r) for r in range(entry.world_size))
                 self._set_job(replace(self.job, expected=ranks))
-            remote = RemoteSource(self.session, entry, f"{entry.scope}/")
+            remote = RemoteSource(self.session, entry, in_job=True)
             try:
                 remote.connect()
             except AttachError:

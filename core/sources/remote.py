@@ -32,7 +32,7 @@ from torchmem.events import (
     Sample,
     Stream,
 )
-from torchmem.series import said_by, scope_label
+from torchmem.series import said_by, scope_label, scoped
 from torchmem.session import Session
 from torchmem.sources.vanished import oom_killer_hint
 from torchmem.timeseries import StepClock
@@ -46,14 +46,14 @@ _SCOPED = (Sample, CapacityKnown, CensusTaken, Alert, CommandResult)
 
 
 class RemoteSource:
-    """Events of one agent, submitted to ``session``; in a job (``prefix``: ``rank1/``)
-    its readings, censuses, alerts and command results carry its scope as a field."""
+    """Events of one agent, submitted to ``session``; in a job (``in_job``) its readings,
+    censuses, alerts and command results carry its scope (``rank1``) as a field."""
 
     def __init__(
         self,
         session: Session,
         entry: AgentEntry,
-        prefix: str = "",
+        in_job: bool = False,
         report_end: bool = True,
         mode: str | None = None,
     ) -> None:
@@ -63,7 +63,8 @@ class RemoteSource:
         #: the window; None keeps the agent's own.
         self.mode = mode
         self.entry = entry
-        self.prefix = prefix
+        #: The process's scope in the Session (``rank1``); "" for a run's one process.
+        self.scope = entry.scope if in_job else ""
         self.info: dict[str, Any] = {}
         self.offset = 0.0
         self.ended = threading.Event()
@@ -111,8 +112,7 @@ class RemoteSource:
         self.info = self._client.request("info", timeout=10.0) or {}
         capacity = self._agent_capacity()
         if capacity:  # what the agent knew at the handshake; its later reports follow
-            scope = self.entry.scope if self.prefix else ""
-            self.session.submit(CapacityKnown(self.session.now(), capacity, scope))
+            self.session.submit(CapacityKnown(self.session.now(), capacity, self.scope))
         self._client.request("subscribe", timeout=10.0)
         return welcome
 
@@ -134,7 +134,7 @@ class RemoteSource:
     def capacity(self) -> dict[str, int]:
         """Total memory per device of the attached process, as its agent reported it,
         under the Session's device names (``rank1/cuda:0`` in a job)."""
-        return {self.prefix + k: v for k, v in self._agent_capacity().items()}
+        return {scoped(self.scope, k): v for k, v in self._agent_capacity().items()}
 
     def _agent_capacity(self) -> dict[str, int]:
         caps = self.info.get("capacity") or {}
@@ -146,7 +146,7 @@ class RemoteSource:
         The agent's result also arrives as an event (every viewer sees it), so it is not
         submitted here again; a failure to ask is, as a failed command result.
         """
-        scope = self.entry.scope if self.prefix else ""
+        scope = self.scope
         try:
             reply = self._client.request(name, timeout=60.0)
         except AttachError as exc:
@@ -216,19 +216,19 @@ class RemoteSource:
                 self.steps.add(event.t, event.step)
             if isinstance(event, RunFinished):
                 self.finished = event
-                if self.prefix:  # one rank ended, not the job: a line and a marker
+                if self.scope:  # one rank ended, not the job: a line and a marker
                     text = f"{self.label}: {event.status.value}: {event.message}"
                     self.session.submit(LogRecord(event.t, Stream.TORCHMEM, text))
                     label = f"{self.label} {event.status.value}"
                     self.session.submit(Marker(event.t, MarkerKind.USER, label, 0))
                     continue
-            if self.prefix and isinstance(event, RunStarted) and self.session.run_started:
+            if self.scope and isinstance(event, RunStarted) and self.session.run_started:
                 text = f"{self.label}: running {event.script} {' '.join(event.argv)}".rstrip()
                 self.session.submit(LogRecord(event.t, Stream.TORCHMEM, text))
                 continue
             if self.mode is not None and isinstance(event, RunStarted):
                 event = replace(event, mode=self.mode)
-            if self.prefix:
+            if self.scope:
                 event = self._renamed(event)
             elif isinstance(event, _SCOPED) and event.scope:
                 event = replace(event, scope="")  # the viewer says whose readings they are
@@ -259,14 +259,14 @@ class RemoteSource:
         else:
             gone = _gone(self.entry.pid, wait_s=0.0 if self.run_finished_seen else 1.0)
         what = f"process {self.entry.pid} exited" if gone else reason
-        if self.prefix and gone and not self.run_finished_seen and not host:
+        if self.scope and gone and not self.run_finished_seen and not host:
             # One rank of a job killed from outside, most often by the OOM killer when
             # the machine's RAM ran out: say so, from that rank's last readings.
             what += " without a word (killed or crashed)" + oom_killer_hint(
-                self.session, prefix=self.prefix
+                self.session, scope=self.scope
             )
         self.session.submit(LogRecord(now, Stream.TORCHMEM, f"{self.label}: detached: {what}"))
-        if self.prefix:
+        if self.scope:
             self.session.submit(Marker(now, MarkerKind.USER, f"{self.label} ended", 0))
         elif not self.run_finished_seen:
             started = self.session.run_started

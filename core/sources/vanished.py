@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from torchmem.series import scoped
 from torchmem.session import Session
 from torchmem.units import format_bytes
 
@@ -21,14 +22,14 @@ LOW_BYTES = 256 << 20
 WINDOW_S = 2.0
 
 
-def oom_killer_hint(session: Session, total_bytes: float | None = None, prefix: str = "") -> str:
+def oom_killer_hint(session: Session, total_bytes: float | None = None, scope: str = "") -> str:
     """``"; probably the kernel's OOM killer: available RAM fell to 41 MiB …"``, or ``""``.
 
     ``total_bytes`` is the machine's RAM (psutil's, by default: the reading is only
-    meaningful for a process of this machine). ``prefix`` picks one process of a job
-    (``rank1/``): its own readings of the machine and of itself.
+    meaningful for a process of this machine). ``scope`` picks one process of a job
+    (``rank1``): its own readings of the machine and of itself.
     """
-    key = f"{prefix}system/available"
+    key = scoped(scope, "system/available")
     keys = session.keys()
     if key not in keys:
         return ""
@@ -44,8 +45,8 @@ def oom_killer_hint(session: Session, total_bytes: float | None = None, prefix: 
     if low > max(LOW_SHARE * total_bytes, LOW_BYTES):
         return ""
     rss = ""
-    if f"{prefix}cpu/rss" in keys:
-        _, values = session.arrays(f"{prefix}cpu/rss")
+    if (rss_key := scoped(scope, "cpu/rss")) in keys:
+        _, values = session.arrays(rss_key)
         if len(values):
             rss = f", the process's RSS was {format_bytes(float(values[-1]))}"
     return (

@@ -30,7 +30,6 @@ import psutil
 from torchmem.probe.backends import RETRIES_ENV
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.record.library import new_session_path
-from torchmem.series import is_rank_scope, split_device
 from torchmem.sources.children import signal_name, signal_tree
 from torchmem.tuning.model import Fit, Rounding
 from torchmem.tuning.outcome import THRASH_STEPS
@@ -381,8 +380,9 @@ def measured_trial(
     if not plan.on_cpu:  # the fit is on reserved: what the device must actually hold
         reserved_peaks = summary.get("peak_reserved_bytes") or {}
         if plan.job:  # each rank on a device of its own: the fullest one must fit
-            allocated = worst_rank_peak(peaks, plan.device)
-            reserved = worst_rank_peak(reserved_peaks, plan.device)
+            rows = summary.get("ranks") or []
+            allocated = worst_rank_peak(rows, "peak_bytes", plan.device)
+            reserved = worst_rank_peak(rows, "peak_reserved_bytes", plan.device)
         else:
             allocated = _int(peaks.get(plan.device))
             reserved = _int(reserved_peaks.get(plan.device))
@@ -450,15 +450,16 @@ def measured_trial(
     return Trial(**base, ok=True, oom=False, message=note)
 
 
-def worst_rank_peak(peaks: dict[str, Any], device: str) -> int | None:
-    """The highest of a job's per-rank peaks (``rank1/cuda:1``) on devices of
-    ``device``'s type: each rank of a job has its own device (``cuda:LOCAL_RANK``),
-    and the search must fit the fullest one."""
+def worst_rank_peak(ranks: list[dict[str, Any]], field: str, device: str) -> int | None:
+    """The highest of a job's per-rank peaks (``field`` of each row of the summary's
+    ``ranks``: ``{"cuda:1": bytes}``) on devices of ``device``'s type: each rank of a
+    job has its own device (``cuda:LOCAL_RANK``), and the search must fit the fullest one."""
     kind = device.partition(":")[0]
     values = [
         int(v)
-        for (scope, name), v in ((split_device(key), v) for key, v in peaks.items())
-        if is_rank_scope(scope) and name.partition(":")[0] == kind and isinstance(v, (int, float))
+        for row in ranks
+        for name, v in (row.get(field) or {}).items()
+        if name.partition(":")[0] == kind and isinstance(v, (int, float))
     ]
     return max(values) if values else None
 

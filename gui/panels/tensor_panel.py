@@ -27,7 +27,7 @@ from torchmem.events import CensusTaken
 from torchmem.gui.bridge import SessionBridge
 from torchmem.gui.panels.tensor_model import TensorModel
 from torchmem.gui.view_state import ViewState
-from torchmem.series import SeriesName, is_sum_scope, process_device_label, scope_label
+from torchmem.series import SeriesName, process_device_label, scope_label
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, CensusDiff, StorageInfo, TensorInfo
 from torchmem.tensors.referrers import referrers_of
@@ -165,7 +165,7 @@ class TensorPanel(QWidget):
     @Slot(object)
     def set_scope(self, scope: str | None) -> None:
         """Show the censuses of one process of a job (the toolbar's rank filter)."""
-        if scope is not None and is_sum_scope(scope):  # no process: no census of its own
+        if scope is not None and not self.session.holds_tensors(scope):  # a sum: every process
             scope = None
         if scope == self.scope:
             return

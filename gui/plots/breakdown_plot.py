@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidg
 from torchmem.events import CensusTaken
 from torchmem.gui.bridge import SessionBridge
 from torchmem.gui.view_state import ViewState
-from torchmem.series import device_label, device_order, split_device
+from torchmem.series import ProcessDevice
 from torchmem.session import Session
 from torchmem.tensors.model import KIND_LABELS, KINDS
 from torchmem.units import UNITS, auto_unit, format_bytes
@@ -110,18 +110,18 @@ class BreakdownPlot(QWidget):
     def _pick_scope_device(self) -> None:
         if not self.scope:
             return
-        if split_device(self.device)[0] == self.scope:
+        if self.device is not None and self.device.scope == self.scope:
             return
         for i in range(self.device_combo.count()):
-            if split_device(self.device_combo.itemData(i))[0] == self.scope:
+            if self.device_combo.itemData(i).scope == self.scope:
                 self.device_combo.setCurrentIndex(i)  # redraws through currentTextChanged
                 return
 
     @property
-    def device(self) -> str:
-        """The device shown, as censuses name it (``cpu``, ``rank1/cuda:0``); "" before
-        the first census."""
-        return self.device_combo.currentData() or ""
+    def device(self) -> ProcessDevice | None:
+        """The device shown and its process (``("rank1", "cuda:0")``); None before the
+        first census."""
+        return self.device_combo.currentData()
 
     @Slot()
     def bind(self, bridge: SessionBridge) -> None:
@@ -145,13 +145,13 @@ class BreakdownPlot(QWidget):
         self.empty.setVisible(not history)
         self.legend.setVisible(bool(history))
         self.plot.setVisible(bool(history))
-        devices = sorted({d for _, _, by in history for d in by}, key=device_order)
+        devices = sorted({d for _, _, by in history for d in by}, key=ProcessDevice.order)
         current = self.device
         if devices != [self.device_combo.itemData(i) for i in range(self.device_combo.count())]:
             self.device_combo.blockSignals(True)
             self.device_combo.clear()
-            for name in devices:  # "rank 2 · cpu", not the series' "rank2/cpu"
-                self.device_combo.addItem(device_label(name), name)
+            for name in devices:
+                self.device_combo.addItem(name.label, name)
             if current in devices:
                 self.device_combo.setCurrentIndex(devices.index(current))
             self.device_combo.blockSignals(False)
@@ -163,7 +163,7 @@ class BreakdownPlot(QWidget):
         # Attached to a job, the censuses of every process come in turn: a rank's chart
         # steps from its own censuses, not down to nothing at each census of another one.
         history = [entry for entry in history if device in entry[2]]
-        if not history or not device:
+        if not history or device is None:
             for curve in (self._base, *self._curves):
                 curve.setData([], [])
             return
@@ -188,7 +188,7 @@ class BreakdownPlot(QWidget):
         return [] if y is None else [float(v) for v in y[::2]]
 
 
-def _legend_html(newest: np.ndarray, device: str) -> str:
+def _legend_html(newest: np.ndarray, device: ProcessDevice) -> str:
     """Swatches with the newest census's bytes per kind, kinds that hold nothing left out."""
     # A kind and its figure never break apart ("278.1" on one line, "KiB" on the next):
     # lines break only between kinds.
@@ -199,4 +199,4 @@ def _legend_html(newest: np.ndarray, device: str) -> str:
         if nbytes > 0
     ]
     total = format_bytes(float(newest.sum())).replace(" ", "&nbsp;")
-    return f"{device_label(device)}: <b>{total}</b> &nbsp; " + " &nbsp; ".join(parts)
+    return f"{device.label}: <b>{total}</b> &nbsp; " + " &nbsp; ".join(parts)
