@@ -51,7 +51,12 @@ def test_a_two_rank_job_gets_a_per_rank_batch_that_fits_every_rank(tmp_path):
     trials = data["trials"]
     assert data["command"][:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert all(t["ranks"] == 2 and t["ok"] for t in trials), trials
-    assert data["ooms"] == 0 and len(trials) <= 6, [t["batch_size"] for t in trials]
+    # Six trials (4 probes, the verify and its repeat) when the ranks' RSS agrees; where
+    # it scatters more (a loaded machine), the search repeats the answer until it is
+    # known to 3% (and runs a size that moves it once): those runs, no probe, come on top.
+    roles = [(t["batch_size"], t["role"]) for t in trials]
+    assert data["ooms"] == 0 and len(trials) <= 8, roles
+    assert all(role in ("repeat", "confirm") for _, role in roles[6:]), roles
     # Both ranks share the machine's RAM: each sample of the per-rank batch costs twice
     # what one rank holds for it.
     assert data["fit"]["slope"] == pytest.approx(2 * PER_SAMPLE * MiB, rel=0.1)
