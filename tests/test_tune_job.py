@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -28,18 +29,36 @@ MiB, GiB = 1 << 20, 1 << 30
 PER_SAMPLE = 4  # MiB each rank holds per sample of its batch (ddp_train --mib-per-sample)
 
 
-def leftover_ranks() -> list[psutil.Process]:
-    """Processes of ddp_train.py still alive (a trial must leave none)."""
+#: Set to a fresh value in a test's environment, which its jobs' ranks inherit.
+TAG_ENV = "TORCHMEM_TEST_JOB"
+
+
+@pytest.fixture
+def job_tag(monkeypatch) -> str:
+    """A tag that the ranks of this test's jobs carry in their environment."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_ENV, tag)
+    return tag
+
+
+def leftover_ranks(tag: str) -> list[psutil.Process]:
+    """This test's ranks of ddp_train.py still alive (a trial must leave none). Other
+    tests' jobs may run beside it, on the other test worker: they have another tag."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if any(arg.endswith("ddp_train.py") for arg in cmdline):
-            found.append(proc)
+        if not any(arg.endswith("ddp_train.py") for arg in cmdline):
+            continue
+        try:
+            if proc.environ().get(TAG_ENV) == tag:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
     return found
 
 
 @pytest.mark.slow
-def test_a_two_rank_job_gets_a_per_rank_batch_that_fits_every_rank(tmp_path):
+def test_a_two_rank_job_gets_a_per_rank_batch_that_fits_every_rank(tmp_path, job_tag):
     out = tmp_path / "tune.json"
     r = subprocess.run(
         [sys.executable, "-m", "torchmem", "tune", "--budget", "2GiB", "--summary", str(out),
@@ -73,11 +92,11 @@ def test_a_two_rank_job_gets_a_per_rank_batch_that_fits_every_rank(tmp_path):
     last = r.stderr.splitlines()[-1]
     assert "torch.distributed.run --nproc_per_node=2" in last
     assert last.endswith(f"--batch-size {data['recommended']}")
-    assert not leftover_ranks()
+    assert not leftover_ranks(job_tag)
 
 
 @pytest.mark.slow
-def test_a_job_trial_over_the_budget_is_stopped_with_every_rank():
+def test_a_job_trial_over_the_budget_is_stopped_with_every_rank(job_tag):
     launch = torchrun_command(2, DDP, ["--sleep", "0", "--mib-per-sample", "64", "--steps", "50"])
     plan = TrialPlan(launch[0], tuple(launch[1:]), "--batch-size", budget_bytes=int(1.2 * GiB),
                      job=True)  # fmt: skip
@@ -87,7 +106,7 @@ def test_a_job_trial_over_the_budget_is_stopped_with_every_rank():
     assert "crossed the budget" in trial.message
     assert trial.peak_bytes > plan.budget_bytes
     assert time.monotonic() - started < 60
-    assert not leftover_ranks(), "a rank of the stopped job is still running"
+    assert not leftover_ranks(job_tag), "a rank of the stopped job is still running"
 
 
 def rank(n, run_status="finished", message="stopped after 4 steps (--max-steps)", step=0.1,
