@@ -68,4 +68,7 @@ def test_a_script_that_never_reads_its_batch_option_is_told_so(tmp_path):
     assert data["effect"] == "none" and data["recommended"] is None
     assert "does not seem to read --batch-size" in r.stderr
     assert "run it:" not in r.stderr  # no command line with a size nobody can justify
-    assert len(data["trials"]) <= 7, [t["batch_size"] for t in data["trials"]]
+    # Seven trials where identical runs agree within a glibc chunk; where they scatter
+    # more (a loaded machine: 1, 2, 32, 1, 256, 2048, ... in a CI run), the leap to the
+    # range's top is capped by the slope the noise allows, one probe more on the way.
+    assert len(data["trials"]) <= 8, [t["batch_size"] for t in data["trials"]]
