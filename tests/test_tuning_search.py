@@ -153,6 +153,23 @@ def test_fit_and_helpers():
     assert math.isclose(fit.peak(3), 130)
 
 
+def test_a_refused_argument_is_named_not_the_batch_option_in_the_usage_line():
+    """`tune --budget 640MiB mlp_adam.py --device cuda:0` passed --device to the script,
+    and the trial said the script "does not take --batch-size": argparse's usage line,
+    which lists --batch-size, was searched with its error."""
+    from torchmem.tuning.trial import TrialPlan, measured_trial
+
+    plan = TrialPlan("mlp_adam.py", ("--device", "cuda:0"), "--batch-size", budget_bytes=GiB)
+    usage = "usage: mlp_adam.py [-h] [--batch-size BATCH_SIZE] [--steps STEPS]\n"
+    stderr = usage + "mlp_adam.py: error: unrecognized arguments: --device cuda:0\n"
+    trial = measured_trial(plan, 1, 2, 0, None, {}, stderr, 2.0)
+    assert not trial.ok and "does not take --device cuda:0" in trial.message, trial.message
+    assert "--batch-arg" not in trial.message
+    stderr = "usage: train.py [--bs BS]\ntrain.py: error: unrecognized arguments: --batch-size 1"
+    trial = measured_trial(plan, 1, 2, 0, None, {}, stderr, 2.0)
+    assert "does not take --batch-size" in trial.message and "--batch-arg" in trial.message
+
+
 def test_an_accelerator_trial_is_judged_on_peak_reserved_not_rss():
     # What a trial on cuda:0 reads from its child's summary (no GPU here: the summary a
     # CUDA run writes is given as it would be).

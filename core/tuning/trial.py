@@ -464,11 +464,27 @@ def worst_rank_peak(ranks: list[dict[str, Any]], field: str, device: str) -> int
     return max(values) if values else None
 
 
+def _unrecognized_arguments(stderr: str) -> list[str]:
+    """The arguments argparse refused (``error: unrecognized arguments: --device cuda:0``),
+    from its error line alone: its usage line lists every option the script does take."""
+    for line in reversed(stderr.splitlines()):
+        _, found, rest = line.partition("unrecognized arguments:")
+        if found:
+            return rest.split()
+    return []
+
+
 def _failure(plan: TrialPlan, code: int, summary: dict[str, Any], stderr: str) -> str:
-    if "unrecognized arguments" in stderr and plan.batch_arg in stderr:
+    unrecognized = _unrecognized_arguments(stderr)
+    if plan.batch_arg in unrecognized:
         return (
             f"the script does not take {plan.batch_arg} (argparse: unrecognized arguments); "
             "pass --batch-arg with the option it uses for the batch size"
+        )
+    if unrecognized:  # the usage line names the batch option too: it is not the culprit
+        return (
+            f"the script does not take {' '.join(unrecognized)} (argparse: unrecognized "
+            "arguments); the arguments after the script are its own (tune's options go before it)"
         )
     if code < 0:
         return f"the trial was killed by {signal_name(code)}"
