@@ -208,8 +208,7 @@ def device_order(name: str) -> tuple[tuple[bool, bool, list[Any]], bool, str]:
     """Sort key of a name within a scope: a census's device (``rank2/cpu``) or a summary's
     peak (``rank2/cpu_rss``, ``total/cuda:0``). Its scope's place first (:func:`scope_order`:
     rank 2 before rank 10, the job's total last), then the CPU, then by name."""
-    scope, device = split_device(name)
-    return scope_order(scope), device != "cpu", device
+    return ProcessDevice(*split_device(name)).order()
 
 
 def scope_label(scope: str) -> str:

@@ -312,11 +312,17 @@ class Session:
         with self._lock:
             return {k: (b.last, self._peak(k, b), float(b.last_t)) for k, b in self.series.items()}
 
-    def _series_of(self, scope: str | None) -> list[tuple[str, str, SeriesBuffer]]:
-        """(key, key within its scope, buffer) of every series, or of the process or sum
-        ``scope`` only (``""``: a single process's). Called with the lock held."""
-        rows = [(key, *split_scope(key), buf) for key, buf in self.series.items()]
-        return [(key, inner, buf) for key, s, inner, buf in rows if scope is None or s == scope]
+    def _series_of(self, scope: str | None) -> list[tuple[str, str, str, SeriesBuffer]]:
+        """(key, device, metric, buffer) of every series, the device with its process's
+        scope (``rank1/cuda:1``); or of the process or sum ``scope`` alone (``""``: a
+        single process's), the device named within it (``cuda:1``). Called with the lock
+        held."""
+        rows = []
+        for key, buf in self.series.items():
+            owner, inner = split_scope(key)
+            if scope is None or owner == scope:
+                rows.append((key, *split_key(key if scope is None else inner), buf))
+        return rows
 
     def peak_bytes(self, scope: str | None = None) -> dict[str, float]:
         """Peak per device for summaries: accelerator peak allocated, and ``cpu_rss``
@@ -324,8 +330,7 @@ class Session:
         named within it (``cpu_rss``)."""
         with self._lock:
             peaks: dict[str, float] = {}
-            for key, name, buf in self._series_of(scope):
-                device, metric = split_key(key if scope is None else name)
+            for key, device, metric, buf in self._series_of(scope):
                 if metric == "rss":
                     peaks[f"{device}_rss"] = self._peak(key, buf)
                 elif metric in ("peak_allocated", "allocated") and buf.count:
@@ -339,8 +344,7 @@ class Session:
         with self._lock:
             return {
                 device: int(buf.peak)
-                for key, name, buf in self._series_of(scope)
-                for device, m in [split_key(key if scope is None else name)]
+                for _, device, m, buf in self._series_of(scope)
                 if m == metric and buf.count
             }
 

@@ -168,6 +168,9 @@ def test_a_refused_argument_is_named_not_the_batch_option_in_the_usage_line():
     stderr = "usage: train.py [--bs BS]\ntrain.py: error: unrecognized arguments: --batch-size 1"
     trial = measured_trial(plan, 1, 2, 0, None, {}, stderr, 2.0)
     assert "does not take --batch-size" in trial.message and "--batch-arg" in trial.message
+    stderr = "error: unrecognized arguments: --batch-size=1"  # given as --batch-size=8
+    trial = measured_trial(plan, 1, 2, 0, None, {}, stderr, 2.0)
+    assert "does not take --batch-size" in trial.message and "--batch-arg" in trial.message
 
 
 def test_an_accelerator_trial_is_judged_on_peak_reserved_not_rss():

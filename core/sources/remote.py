@@ -146,12 +146,12 @@ class RemoteSource:
         The agent's result also arrives as an event (every viewer sees it), so it is not
         submitted here again; a failure to ask is, as a failed command result.
         """
-        scope = self.scope
         try:
             reply = self._client.request(name, timeout=60.0)
         except AttachError as exc:
-            message = str(exc) if scope else f"{self.label}: {exc}"
-            result = CommandResult(self.session.now(), name, False, message, scope=scope)
+            # In a job the result says its rank (CommandResult.said); alone, say the pid.
+            message = str(exc) if self.scope else f"{self.label}: {exc}"
+            result = CommandResult(self.session.now(), name, False, message, scope=self.scope)
             self.session.submit(result)
             return result
         reply = reply if isinstance(reply, dict) else {}
@@ -161,7 +161,7 @@ class RemoteSource:
             reply.get("ok", True) is True,
             str(reply.get("message", "")),
             output=str(reply.get("output") or ""),
-            scope=scope,
+            scope=self.scope,
         )
 
     def request_stop(self) -> None:
@@ -236,11 +236,11 @@ class RemoteSource:
 
     def _renamed(self, event: Any) -> Any:
         if isinstance(event, _SCOPED):  # the Session and the views say which process
-            return replace(event, scope=self.entry.scope)
+            return replace(event, scope=self.scope)
         # "rank 1: detached ...": what each rank's agent says of itself would otherwise
         # read as the job's one process's.
         if isinstance(event, LogRecord) and event.stream is Stream.TORCHMEM:
-            return replace(event, text=said_by(self.entry.scope, event.text))
+            return replace(event, text=said_by(self.scope, event.text))
         return event
 
     def _on_closed(self, reason: str) -> None:

@@ -373,19 +373,17 @@ def measured_trial(
     why."""
     from torchmem.units import format_bytes
 
-    peaks = summary.get("peak_bytes") or {}
     steps = int(summary.get("steps") or 0)
     ranks = len(summary.get("ranks") or []) if plan.job else None
     allocated = reserved = None
     if not plan.on_cpu:  # the fit is on reserved: what the device must actually hold
-        reserved_peaks = summary.get("peak_reserved_bytes") or {}
         if plan.job:  # each rank on a device of its own: the fullest one must fit
             rows = summary.get("ranks") or []
             allocated = worst_rank_peak(rows, "peak_bytes", plan.device)
             reserved = worst_rank_peak(rows, "peak_reserved_bytes", plan.device)
         else:
-            allocated = _int(peaks.get(plan.device))
-            reserved = _int(reserved_peaks.get(plan.device))
+            allocated = _int((summary.get("peak_bytes") or {}).get(plan.device))
+            reserved = _int((summary.get("peak_reserved_bytes") or {}).get(plan.device))
     own = _int(summary.get("peak_rss_bytes"))
     peak = (own if own is not None else max_rss or None) if plan.on_cpu else reserved
     step_time = summary.get("step_time_s")
@@ -476,7 +474,7 @@ def _unrecognized_arguments(stderr: str) -> list[str]:
 
 def _failure(plan: TrialPlan, code: int, summary: dict[str, Any], stderr: str) -> str:
     unrecognized = _unrecognized_arguments(stderr)
-    if plan.batch_arg in unrecognized:
+    if plan.batch_arg in (arg.partition("=")[0] for arg in unrecognized):  # or --bs=8
         return (
             f"the script does not take {plan.batch_arg} (argparse: unrecognized arguments); "
             "pass --batch-arg with the option it uses for the batch size"
