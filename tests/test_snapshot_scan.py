@@ -144,3 +144,46 @@ def test_damaged_bytes_never_crash_the_scanner(tmp_path):
         else:
             outcomes["fallback" if got is None else "read"] += 1
     assert all(outcomes.values()), outcomes  # each way out was taken
+
+
+def shared_objects_snapshot() -> dict[str, Any]:
+    """Every way pickle refers back to an object it wrote: one event dict twice in a trace
+    and again in another, one trace list on two devices, a frames list and a frame dict
+    shared by events and blocks, a stack deeper than pickle's batch of 1000 (appended in
+    two), a frame dict with a key more than a frame's, and plain values met twice."""
+    deep = [{"name": f"f{i}", "filename": "deep.py", "line": i} for i in range(1200)]
+    odd = [{"name": "g", "filename": "odd.py", "line": 1, "column": 4}, *GRADIENT[:1]]
+    twice = alloc(0x5000, MiB, 5, ACTIVATION)
+    shared_trace = [alloc(0x9000, 2 * MiB, 1, PARAM), *free(0x9000, 2 * MiB, 2)]
+    trace = [
+        alloc(0x1000, MiB, 3, deep),
+        twice,
+        alloc(0x3000, MiB, 4, odd),
+        twice,
+        *free(0x5000, MiB, 6),
+        alloc(0x6000, 3, 7, [PARAM[0], deep[5], ACTIVATION[1]]),
+    ]
+    seg = segment(0x1000, [(0x1000, MiB, "active_allocated"), (0x101000, MiB, "inactive")])
+    seg["blocks"][0]["frames"] = ACTIVATION
+    seg["blocks"][1]["frames"] = odd
+    pair = (1.5, b"\x00\xff", True, None, "literal")
+    return {
+        "segments": [seg],
+        "device_traces": [trace, shared_trace, [twice], shared_trace],
+        "allocator_settings": {"a": pair, "b": pair, "c": [pair[0], pair[1], pair[4]]},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("protocol", [3, 4, 5])  # 2 pickles bytes as objects
+def test_objects_the_pickle_refers_back_to_are_read_as_pickle_reads_them(tmp_path, protocol):
+    snapshot = shared_objects_snapshot()
+    path = write(tmp_path / "snap.pickle", snapshot, protocol)
+    a, b = both(path)
+    assert_same(a, b)
+    # Two devices share one list, and an event is in two traces: every row is there.
+    assert np.bincount(b.ev_device).tolist() == [len(t) for t in snapshot["device_traces"]]
+    scanned = scan.scan_snapshot(path, ACTIONS)
+    assert scanned.data["segments"] == snapshot["segments"]  # the blocks' frames whole
+    assert scanned.data["allocator_settings"] == snapshot["allocator_settings"]
+    deep_stack = b.stacks[b.ev_stack[0]]
+    assert len(deep_stack) == 1200 and deep_stack[5] == "f5 (deep.py:5)"

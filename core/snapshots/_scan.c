@@ -14,6 +14,15 @@
  *   - everything else (segments and their blocks, allocator settings) rebuilt as Python
  *     objects at the end: it is small next to the trace.
  *
+ * The trace's containers never outlive their pickle opcodes: when a frame dict's items
+ * (name, filename, line), a frames list's frames or an event dict's fields arrive, they are
+ * read from the machine's stack into a frame id, a stack id or a row, and the container's
+ * record is reused for the next one. Its memo entry then holds that id: the memo is 8
+ * bytes an entry (a literal is re-read from its opcode when the pickle refers to it), and
+ * a 2 GiB trace of 10 million events needs neither its 60 million containers nor their
+ * item arrays. A container the pickle refers to in any other way (DUP, a memo read while
+ * it is open, an item of another container) keeps its record and is read when used.
+ *
  * It accepts only plain data (the opcodes pickle writes for dicts, lists, tuples, sets,
  * strings, bytes, numbers, None and booleans, protocols 2 to 5): anything else raises
  * ValueError, and the Python reader, which says what the file is, takes over. Every read
@@ -28,7 +37,8 @@
 
 /* ---- values on the pickle machine's stack and in its memo ---- */
 
-enum { V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_BYTES, V_OBJ, V_MARK };
+enum { V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_BYTES, V_OBJ, V_MARK,
+       V_FRAME, V_STACK, V_EVENT /* a container already read: u.obj is its id or row */ };
 
 typedef struct {
     uint8_t kind;
@@ -49,10 +59,32 @@ enum { R_PLAIN, R_FRAME, R_STACK, R_EVENT, R_EVENTS };
 typedef struct {
     uint8_t type;
     uint8_t role;
-    int32_t n, cap; /* items (a dict holds key, value, key, value ...) */
+    uint8_t pinned;  /* referred to from elsewhere than its memo entry: never reused */
+    int32_t n, cap;  /* items (a dict holds key, value, key, value ...) */
     int32_t summary; /* frame id, stack id or event row */
+    int64_t memo;    /* its memo index; -1 none, -2 more than one */
     Val *items;
 } Obj;
+
+/* A memo entry: a tag in the low 3 bits, its payload above. M_LIT: the position of the
+ * opcode that pushed a literal (read again when the pickle refers to it); M_SPILL: an
+ * index into the spill (a value with no opcode of its own); else an object's id, a frame
+ * id, a stack id or an event row. 0 is an entry never written. */
+enum { M_EMPTY, M_LIT, M_OBJ, M_SPILL, M_FRAME, M_STACK, M_EVENT };
+#define MEMO(tag, x) (((uint64_t)(x) << 3) | (uint64_t)(tag))
+#define NO_LIT SIZE_MAX
+
+/* A dict key, matched by address once seen: a key the pickler memoized once (every
+ * event's "action") comes back at the same address in the mapped file. */
+typedef struct {
+    const char *text;
+    uint32_t len;
+    const char *seen;
+} Key;
+
+enum { K_NAME, K_FILENAME, K_LINE, K_ACTION, K_TIME, K_ADDR, K_SIZE, K_FRAMES, N_KEYS };
+static const char *KEY_TEXT[N_KEYS] = {"name", "filename", "line", "action", "time_us",
+                                       "addr", "size", "frames"};
 
 typedef struct {
     const char *name, *file;
@@ -77,8 +109,8 @@ static int vec_reserve(Vec *v, size_t want) {
     return 0;
 }
 
-static void *vec_push(Vec *v) {
-    if (vec_reserve(v, v->n + 1) < 0) return NULL;
+static inline void *vec_push(Vec *v) {
+    if (v->n == v->cap && vec_reserve(v, v->n + 1) < 0) return NULL;
     return v->data + (v->n++) * v->size;
 }
 
@@ -103,6 +135,10 @@ typedef struct {
     Py_ssize_t n_actions;
     /* machine */
     Vec stack, marks, memo, objs;
+    Vec spill;     /* Val: memo values with no opcode of their own */
+    Vec free_objs; /* int32: records to reuse */
+    size_t lit_pos; /* the opcode that pushed the top of the stack, if the last one did */
+    Key keys[N_KEYS];
     /* interned */
     Vec frames;      /* Frame */
     IdSet frame_set;
@@ -111,19 +147,42 @@ typedef struct {
     IdSet stack_set;
     /* the event columns */
     Vec ev_list, ev_time, ev_action, ev_addr, ev_size, ev_stack;
+    int64_t last_placed; /* the newest row given a list: rows stay in append order */
     char error[200];
     int foreign; /* the error is a kind of pickle this reader leaves to pickle itself */
 } Scan;
 
 #define FAIL(sc, ...) (snprintf((sc)->error, sizeof((sc)->error), __VA_ARGS__), -1)
 
-static uint64_t hash_bytes(uint64_t h, const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ULL;
-    return h;
+static inline uint64_t load64(const char *p) {
+    uint64_t w;
+    memcpy(&w, p, 8); /* one unaligned load */
+    return w;
 }
 
-static uint64_t hash_u64(uint64_t h, uint64_t x) {
-    return hash_bytes(h, (const char *)&x, sizeof x);
+static inline uint64_t mix(uint64_t h, uint64_t w) {
+    h = (h ^ w) * 0x100000001b3ULL;
+    return h ^ (h >> 29);
+}
+
+/* Of a string of 16 bytes or more, its length and its first and last 16 bytes (equal
+ * hashes are compared whole); of a shorter one, every byte. Frame names and file names
+ * are hashed once per frame dict of the file (tens of millions): byte by byte, this was a
+ * tenth of the scan. Read straight from the file: no copy to stall on. */
+static uint64_t hash_bytes(uint64_t h, const char *s, size_t n) {
+    if (n >= 16)
+        return mix(mix(mix(mix(mix(h, n), load64(s)), load64(s + 8)), load64(s + n - 16)),
+                   load64(s + n - 8));
+    if (n >= 8) return mix(mix(mix(h, n), load64(s)), load64(s + n - 8));
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ULL;
+    return mix(h, n);
+}
+
+/* Every word of a stack's frame ids: stacks often differ only in their middle frames. */
+static uint64_t hash_words(uint64_t h, const int32_t *ids, size_t n) {
+    size_t i = 0;
+    for (; i + 2 <= n; i += 2) h = mix(h, load64((const char *)(ids + i)));
+    return i < n ? mix(h, (uint32_t)ids[i]) : mix(h, n);
 }
 
 typedef int (*EqFn)(Scan *, int32_t, const void *);
@@ -215,15 +274,22 @@ static int pop_mark(Scan *sc, size_t *at) {
 }
 
 static int new_obj(Scan *sc, uint8_t type, Val *out) {
-    if (sc->objs.n >= INT32_MAX) return FAIL(sc, "too many containers");
-    Obj *o = vec_push(&sc->objs);
-    if (!o) return FAIL(sc, "out of memory");
+    int32_t id;
+    if (sc->free_objs.n) {
+        id = AT(sc->free_objs, int32_t, --sc->free_objs.n);
+    } else {
+        if (sc->objs.n >= INT32_MAX) return FAIL(sc, "too many containers");
+        if (!vec_push(&sc->objs)) return FAIL(sc, "out of memory");
+        id = (int32_t)(sc->objs.n - 1);
+    }
+    Obj *o = &AT(sc->objs, Obj, id);
     memset(o, 0, sizeof *o);
     o->type = type;
     o->summary = -1;
+    o->memo = -1;
     out->kind = V_OBJ;
     out->len = 0;
-    out->u.obj = (int32_t)(sc->objs.n - 1);
+    out->u.obj = id;
     return 0;
 }
 
@@ -231,8 +297,36 @@ static Obj *obj_of(Scan *sc, Val v) {
     return v.kind == V_OBJ ? &AT(sc->objs, Obj, v.u.obj) : NULL;
 }
 
+static void pin(Scan *sc, Val v) {
+    if (v.kind == V_OBJ) AT(sc->objs, Obj, v.u.obj).pinned = 1;
+}
+
+/* Whether the container `v` (open, empty, referred to only by its stack slot and its
+ * memo entry) may be read into an id and its record reused. */
+static int fresh(Scan *sc, Val v) {
+    Obj *o = obj_of(sc, v);
+    return o && !o->pinned && o->n == 0 && o->role == 0 && o->memo != -2;
+}
+
+/* The container in stack slot `slot` was read as `v` (V_FRAME, V_STACK or V_EVENT): the
+ * slot and its memo entry hold `v`, and its record is reused. */
+static int settle(Scan *sc, Val *slot, Val v) {
+    int32_t id = slot->u.obj;
+    Obj *o = &AT(sc->objs, Obj, id);
+    if (o->memo >= 0 && AT(sc->memo, uint64_t, o->memo) == MEMO(M_OBJ, id))
+        AT(sc->memo, uint64_t, o->memo) =
+            MEMO(v.kind == V_FRAME ? M_FRAME : v.kind == V_STACK ? M_STACK : M_EVENT,
+                 (uint32_t)v.u.obj);
+    *slot = v;
+    int32_t *free_slot = vec_push(&sc->free_objs);
+    if (!free_slot) return FAIL(sc, "out of memory");
+    *free_slot = id;
+    return 0;
+}
+
 static int obj_add(Scan *sc, Obj *o, const Val *items, size_t n) {
     if ((size_t)o->n + n > INT32_MAX) return FAIL(sc, "a container too large");
+    for (size_t i = 0; i < n; i++) pin(sc, items[i]);
     if ((size_t)o->n + n > (size_t)o->cap) {
         size_t cap = o->cap ? (size_t)o->cap : 4;
         while (cap < (size_t)o->n + n) cap *= 2;
@@ -255,15 +349,28 @@ static void obj_drop_items(Obj *o) {
 
 /* ---- summaries: frames, stacks, events ---- */
 
-static int is_str(Val v, const char *s) {
-    size_t n = strlen(s);
-    return v.kind == V_STR && v.len == n && memcmp(v.u.s, s, n) == 0;
+static int key_is(Scan *sc, Val v, int k) {
+    Key *key = &sc->keys[k];
+    if (v.kind != V_STR || v.len != key->len) return 0;
+    if (v.u.s == key->seen) return 1;
+    if (memcmp(v.u.s, key->text, key->len) != 0) return 0;
+    key->seen = v.u.s;
+    return 1;
 }
 
-static const Val *dict_get(Obj *o, const char *key) {
-    for (int32_t i = 0; i + 1 < o->n; i += 2)
-        if (is_str(o->items[i], key)) return &o->items[i + 1];
-    return NULL;
+/* The values of the keys the scanner reads, among dict items (key, value, key, value
+ * ...), in one pass: f[k] is key k's value, or NULL. */
+static void fields(Scan *sc, const Val *items, size_t n, const Val **f) {
+    memset(f, 0, N_KEYS * sizeof *f);
+    for (size_t i = 0; i + 1 < n; i += 2) {
+        if (items[i].kind != V_STR) continue;
+        int k = 0;
+        while (k < N_KEYS && items[i].u.s != sc->keys[k].seen) k++;
+        if (k == N_KEYS)
+            for (k = 0; k < N_KEYS && !key_is(sc, items[i], k); k++) {
+            }
+        if (k < N_KEYS) f[k] = &items[i + 1];
+    }
 }
 
 static int frame_eq(Scan *sc, int32_t id, const void *key) {
@@ -273,28 +380,34 @@ static int frame_eq(Scan *sc, int32_t id, const void *key) {
            memcmp(a->file, b->file, a->file_len) == 0;
 }
 
+/* The id of the frame (name, file, line), interned; -2 when out of memory. */
+static int32_t intern_frame(Scan *sc, const Val *name, const Val *file, int64_t line) {
+    Frame f = {name->u.s, file->u.s, name->len, file->len, line};
+    uint64_t h = mix(hash_bytes(hash_bytes(0xcbf29ce484222325ULL, f.name, f.name_len), f.file,
+                                f.file_len), (uint64_t)f.line);
+    size_t slot;
+    int32_t id = idset_find(sc, &sc->frame_set, h, &f, frame_eq, &slot);
+    if (id >= 0) return id;
+    Frame *added = vec_push(&sc->frames);
+    if (!added || idset_add(&sc->frame_set, slot, h, (int32_t)(sc->frames.n - 1)) < 0)
+        return -2;
+    *added = f;
+    return (int32_t)(sc->frames.n - 1);
+}
+
 /* The frame id of a frame dict ({name, filename, line}); -1 if `v` is not one. */
 static int32_t frame_id(Scan *sc, Val v) {
+    if (v.kind == V_FRAME) return v.u.obj;
     Obj *o = obj_of(sc, v);
     if (!o || o->type != O_DICT) return -1;
     if (o->role == R_FRAME) return o->summary;
     if (o->role != R_PLAIN) return -1;
-    const Val *name = dict_get(o, "name"), *file = dict_get(o, "filename"),
-              *line = dict_get(o, "line");
+    const Val *f[N_KEYS];
+    fields(sc, o->items, (size_t)o->n, f);
+    const Val *name = f[K_NAME], *file = f[K_FILENAME], *line = f[K_LINE];
     if (!name || !file || name->kind != V_STR || file->kind != V_STR) return -1;
-    Frame f = {name->u.s, file->u.s, name->len, file->len,
-               line && line->kind == V_INT ? line->u.i : -1};
-    uint64_t h = hash_u64(hash_bytes(hash_bytes(0xcbf29ce484222325ULL, f.name, f.name_len),
-                                     f.file, f.file_len), (uint64_t)f.line);
-    size_t slot;
-    int32_t id = idset_find(sc, &sc->frame_set, h, &f, frame_eq, &slot);
-    if (id < 0) {
-        Frame *added = vec_push(&sc->frames);
-        if (!added || idset_add(&sc->frame_set, slot, h, (int32_t)(sc->frames.n - 1)) < 0)
-            return -2;
-        *added = f;
-        id = (int32_t)(sc->frames.n - 1);
-    }
+    int32_t id = intern_frame(sc, name, file, line && line->kind == V_INT ? line->u.i : -1);
+    if (id < 0) return id;
     /* Keep the items when the dict has more than a frame's three keys: nothing else
      * reads them, but a plain dict elsewhere in the tree should come back whole. */
     if (o->n == 6) obj_drop_items(o);
@@ -315,17 +428,14 @@ static int stack_eq(Scan *sc, int32_t id, const void *key) {
            memcmp(&AT(sc->stack_items, int32_t, a), k->ids, k->n * sizeof(int32_t)) == 0;
 }
 
-/* The stack id of a frames list; -1 for none (no list, empty, or not frames); -2 when
- * out of memory. */
-static int32_t stack_id(Scan *sc, Val v) {
-    Obj *o = obj_of(sc, v);
-    if (!o || o->type != O_LIST) return -1;
-    if (o->role == R_STACK) return o->summary;
-    if (o->role != R_PLAIN || o->n == 0) return -1;
+/* The stack id of frames `items` (frame dicts or frames read already); -1 if one is not
+ * a frame (or there are none); -2 when out of memory. */
+static int32_t intern_stack(Scan *sc, const Val *items, size_t n) {
+    if (n == 0) return -1;
     size_t base = sc->stack_items.n;
-    if (vec_reserve(&sc->stack_items, base + (size_t)o->n) < 0) return -2;
-    for (int32_t i = 0; i < o->n; i++) {
-        int32_t f = frame_id(sc, o->items[i]);
+    if (vec_reserve(&sc->stack_items, base + n) < 0) return -2;
+    for (size_t i = 0; i < n; i++) {
+        int32_t f = frame_id(sc, items[i]);
         if (f == -2) return -2;
         if (f < 0) {
             sc->stack_items.n = base;
@@ -333,20 +443,39 @@ static int32_t stack_id(Scan *sc, Val v) {
         }
         AT(sc->stack_items, int32_t, sc->stack_items.n++) = f;
     }
-    StackKey key = {&AT(sc->stack_items, int32_t, base), (size_t)o->n};
-    uint64_t h = hash_bytes(0xcbf29ce484222325ULL, (const char *)key.ids,
-                            key.n * sizeof(int32_t));
+    StackKey key = {&AT(sc->stack_items, int32_t, base), n};
+    uint64_t h = hash_words(0xcbf29ce484222325ULL, key.ids, n);
     size_t slot;
     int32_t id = idset_find(sc, &sc->stack_set, h, &key, stack_eq, &slot);
     if (id >= 0) {
         sc->stack_items.n = base; /* already interned: forget the copy */
-    } else {
-        id = (int32_t)(sc->stack_start.n - 1);
-        int64_t *end = vec_push(&sc->stack_start);
-        if (!end || idset_add(&sc->stack_set, slot, h, id) < 0) return -2;
-        *end = (int64_t)sc->stack_items.n;
+        return id;
     }
-    obj_drop_items(o);
+    id = (int32_t)(sc->stack_start.n - 1);
+    int64_t *end = vec_push(&sc->stack_start);
+    if (!end || idset_add(&sc->stack_set, slot, h, id) < 0) return -2;
+    *end = (int64_t)sc->stack_items.n;
+    return id;
+}
+
+/* The stack id of a frames list; -1 for none (no list, empty, or not frames); -2 when
+ * out of memory. */
+static int32_t stack_id(Scan *sc, Val v) {
+    if (v.kind == V_STACK) return v.u.obj;
+    Obj *o = obj_of(sc, v);
+    if (!o || o->type != O_LIST) return -1;
+    if (o->role == R_STACK) return o->summary;
+    if (o->role != R_PLAIN) return -1;
+    int32_t id = intern_stack(sc, o->items, (size_t)o->n);
+    if (id < 0) return id;
+    /* Keep the items when a frame dict has more than a frame's keys: the list should
+     * come back whole where the tree holds it too (a block's frames). */
+    int whole = 1;
+    for (int32_t i = 0; i < o->n && whole; i++) {
+        Obj *f = obj_of(sc, o->items[i]);
+        whole = !f || f->items == NULL;
+    }
+    if (whole) obj_drop_items(o);
     o->role = R_STACK;
     o->summary = id;
     return id;
@@ -356,33 +485,45 @@ static int64_t int_or(const Val *v, int64_t otherwise) {
     return v && v->kind == V_INT ? v->u.i : otherwise;
 }
 
-/* Add the event dict `o` as a row of list `list`. */
-static int emit_event(Scan *sc, Obj *o, int32_t list) {
-    int64_t time, addr, size;
-    int32_t stack;
-    int8_t action;
-    if (o->role == R_EVENT) { /* appended again: copy its row */
-        size_t r = (size_t)o->summary;
-        time = AT(sc->ev_time, int64_t, r);
-        addr = AT(sc->ev_addr, int64_t, r);
-        size = AT(sc->ev_size, int64_t, r);
-        stack = AT(sc->ev_stack, int32_t, r);
-        action = AT(sc->ev_action, int8_t, r);
-    } else {
-        const Val *a = dict_get(o, "action");
-        action = 127;
-        for (Py_ssize_t k = 0; k < sc->n_actions; k++)
-            if (a->len == (size_t)sc->action_lens[k] &&
-                memcmp(a->u.s, sc->action_names[k], a->len) == 0) {
-                action = (int8_t)k;
-                break;
-            }
-        time = int_or(dict_get(o, "time_us"), INT64_MIN);
-        addr = int_or(dict_get(o, "addr"), 0);
-        size = int_or(dict_get(o, "size"), 0);
-        const Val *frames = dict_get(o, "frames");
-        stack = frames ? stack_id(sc, *frames) : -1;
-        if (stack == -2) return FAIL(sc, "out of memory");
+/* A new row for the event with fields `f` (its "action" a string), in `list` (-1: not yet
+ * appended); its index in *row. */
+static int add_row(Scan *sc, const Val **f, int32_t list, int32_t *row) {
+    const Val *a = f[K_ACTION];
+    int8_t action = 127;
+    for (Py_ssize_t k = 0; k < sc->n_actions; k++)
+        if (a->len == (size_t)sc->action_lens[k] &&
+            memcmp(a->u.s, sc->action_names[k], a->len) == 0) {
+            action = (int8_t)k;
+            break;
+        }
+    const Val *frames = f[K_FRAMES];
+    int32_t stack = frames ? stack_id(sc, *frames) : -1;
+    if (stack == -2) return FAIL(sc, "out of memory");
+    if (sc->ev_list.n >= INT32_MAX) return FAIL(sc, "too many events");
+    int32_t *l = vec_push(&sc->ev_list);
+    int64_t *t = vec_push(&sc->ev_time), *ad = vec_push(&sc->ev_addr),
+            *sz = vec_push(&sc->ev_size);
+    int8_t *ac = vec_push(&sc->ev_action);
+    int32_t *st = vec_push(&sc->ev_stack);
+    if (!l || !t || !ad || !sz || !ac || !st) return FAIL(sc, "out of memory");
+    *l = list;
+    *t = int_or(f[K_TIME], INT64_MIN);
+    *ad = int_or(f[K_ADDR], 0);
+    *sz = int_or(f[K_SIZE], 0);
+    *ac = action;
+    *st = stack;
+    *row = (int32_t)(sc->ev_list.n - 1);
+    if (list >= 0) sc->last_placed = *row;
+    return 0;
+}
+
+/* Row `row` appended to `list`: placed there, or copied to the end when it already has a
+ * list or a newer row was placed first (the rows of a list stay in append order). */
+static int place_row(Scan *sc, int32_t row, int32_t list) {
+    if (AT(sc->ev_list, int32_t, row) < 0 && row > sc->last_placed) {
+        AT(sc->ev_list, int32_t, row) = list;
+        sc->last_placed = row;
+        return 0;
     }
     if (sc->ev_list.n >= INT32_MAX) return FAIL(sc, "too many events");
     int32_t *l = vec_push(&sc->ev_list);
@@ -391,26 +532,84 @@ static int emit_event(Scan *sc, Obj *o, int32_t list) {
     int8_t *ac = vec_push(&sc->ev_action);
     int32_t *st = vec_push(&sc->ev_stack);
     if (!l || !t || !ad || !sz || !ac || !st) return FAIL(sc, "out of memory");
-    *l = list, *t = time, *ad = addr, *sz = size, *ac = action, *st = stack;
-    if (o->role != R_EVENT) {
-        obj_drop_items(o);
-        o->role = R_EVENT;
-        o->summary = (int32_t)(sc->ev_list.n - 1);
-    }
+    size_t r = (size_t)row;
+    *l = list;
+    *t = AT(sc->ev_time, int64_t, r);
+    *ad = AT(sc->ev_addr, int64_t, r);
+    *sz = AT(sc->ev_size, int64_t, r);
+    *ac = AT(sc->ev_action, int8_t, r);
+    *st = AT(sc->ev_stack, int32_t, r);
+    sc->last_placed = (int64_t)(sc->ev_list.n - 1);
     return 0;
 }
 
-/* Append items to a list: events become rows, anything else is kept. */
-static int list_append(Scan *sc, Val target, const Val *items, size_t n) {
-    Obj *list = obj_of(sc, target);
+/* Add the event dict `o` (one the pickle kept referring to) as a row of list `list`. */
+static int emit_event(Scan *sc, Obj *o, int32_t list) {
+    if (o->role == R_EVENT) return place_row(sc, o->summary, list); /* appended again */
+    int32_t row;
+    const Val *f[N_KEYS];
+    fields(sc, o->items, (size_t)o->n, f);
+    if (add_row(sc, f, list, &row) < 0) return -1;
+    obj_drop_items(o);
+    o->role = R_EVENT;
+    o->summary = row;
+    return 0;
+}
+
+/* Dict items about to be set on the dict in `slot`: a fresh dict whose items are exactly
+ * a frame's, or an event's, becomes a frame id or a row at once. 1 if so, 0 if the items
+ * go into the dict, -1 on error. */
+static int read_dict(Scan *sc, Val *slot, const Val *items, size_t n) {
+    if (!fresh(sc, *slot)) return 0;
+    Val v = {V_FRAME, 0, {.obj = 0}};
+    const Val *f[N_KEYS];
+    fields(sc, items, n, f);
+    if (f[K_ACTION] && f[K_ACTION]->kind == V_STR) {
+        v.kind = V_EVENT;
+        if (add_row(sc, f, -1, &v.u.obj) < 0) return -1;
+    } else {
+        const Val *name = f[K_NAME], *file = f[K_FILENAME], *line = f[K_LINE];
+        if (n != 6 || !name || !file || !line || name->kind != V_STR ||
+            file->kind != V_STR || line->kind != V_INT)
+            return 0;
+        v.u.obj = intern_frame(sc, name, file, line->u.i);
+        if (v.u.obj < 0) return FAIL(sc, "out of memory");
+    }
+    return settle(sc, slot, v) < 0 ? -1 : 1;
+}
+
+/* Append items to the list in `slot`: a fresh list given only frames, fewer than a
+ * pickler's batch (so no more can follow), becomes a stack id; events become rows;
+ * anything else is kept. */
+static int list_append(Scan *sc, Val *slot, const Val *items, size_t n) {
+    if (slot->kind == V_STACK || slot->kind == V_FRAME || slot->kind == V_EVENT) {
+        sc->foreign = 1; /* a container changed after it was read: pickle's own output never */
+        return FAIL(sc, "the pickle changes a list after its items were read");
+    }
+    Obj *list = obj_of(sc, *slot);
     if (!list || list->type != O_LIST) return FAIL(sc, "the pickle appends to a non-list");
+    if (n < 1000 && fresh(sc, *slot)) {
+        size_t i = 0;
+        while (i < n && items[i].kind == V_FRAME) i++;
+        if (i == n) {
+            Val v = {V_STACK, 0, {.obj = intern_stack(sc, items, n)}};
+            if (v.u.obj == -2) return FAIL(sc, "out of memory");
+            return settle(sc, slot, v);
+        }
+    }
+    int32_t list_id = slot->u.obj;
     for (size_t i = 0; i < n; i++) {
+        if (items[i].kind == V_EVENT) {
+            if (place_row(sc, items[i].u.obj, list_id) < 0) return -1;
+            list->role = R_EVENTS;
+            continue;
+        }
         Obj *o = obj_of(sc, items[i]);
-        const Val *action = o && o->type == O_DICT && o->role == R_PLAIN
-                                ? dict_get(o, "action") : NULL;
+        const Val *f[N_KEYS] = {NULL};
+        if (o && o->type == O_DICT && o->role == R_PLAIN) fields(sc, o->items, (size_t)o->n, f);
         if (o && o->type == O_DICT &&
-            (o->role == R_EVENT || (action && action->kind == V_STR))) {
-            if (emit_event(sc, o, target.u.obj) < 0) return -1;
+            (o->role == R_EVENT || (f[K_ACTION] && f[K_ACTION]->kind == V_STR))) {
+            if (emit_event(sc, o, list_id) < 0) return -1;
             list->role = R_EVENTS;
         } else if (obj_add(sc, list, &items[i], 1) < 0) {
             return -1;
@@ -421,36 +620,189 @@ static int list_append(Scan *sc, Val target, const Val *items, size_t n) {
 
 /* ---- the machine ---- */
 
+/* A read container cannot take more items: pickle's own output never adds to a dict or
+ * list after its items were set; the pickle reader takes such a file. */
+static int read_already(Scan *sc, Val v) {
+    if (v.kind != V_FRAME && v.kind != V_STACK && v.kind != V_EVENT) return 0;
+    sc->foreign = 1;
+    return FAIL(sc, "the pickle adds items to a container after they were read");
+}
+
 static int memo_put(Scan *sc, uint64_t index, Val v) {
     /* pickle numbers its memo entries in order: a far jump is a damaged file, not a
      * reason to allocate gigabytes */
     if (index > sc->memo.n + 65536) return FAIL(sc, "a memo index out of range");
     if (index >= sc->memo.n) {
         if (vec_reserve(&sc->memo, index + 1) < 0) return FAIL(sc, "out of memory");
-        for (size_t i = sc->memo.n; i <= index; i++) AT(sc->memo, Val, i).kind = V_MARK;
+        memset(&AT(sc->memo, uint64_t, sc->memo.n), 0, (index + 1 - sc->memo.n) * 8);
         sc->memo.n = index + 1;
     }
-    AT(sc->memo, Val, index) = v;
+    uint64_t entry;
+    if (v.kind == V_OBJ) {
+        Obj *o = obj_of(sc, v);
+        o->memo = o->memo == -1 ? (int64_t)index : -2;
+        entry = MEMO(M_OBJ, (uint32_t)v.u.obj);
+    } else if (v.kind == V_FRAME || v.kind == V_STACK || v.kind == V_EVENT) {
+        entry = MEMO(v.kind == V_FRAME ? M_FRAME : v.kind == V_STACK ? M_STACK : M_EVENT,
+                     (uint32_t)v.u.obj);
+    } else if (sc->lit_pos != NO_LIT) {
+        entry = MEMO(M_LIT, sc->lit_pos);
+    } else {
+        Val *spilled = vec_push(&sc->spill);
+        if (!spilled) return FAIL(sc, "out of memory");
+        *spilled = v;
+        entry = MEMO(M_SPILL, sc->spill.n - 1);
+    }
+    AT(sc->memo, uint64_t, index) = entry;
     return 0;
 }
 
+static int read_literal(Scan *sc, unsigned char op, Val *v);
+
 static int memo_get(Scan *sc, uint64_t index) {
-    if (index >= sc->memo.n || AT(sc->memo, Val, index).kind == V_MARK)
+    uint64_t entry = index < sc->memo.n ? AT(sc->memo, uint64_t, index) : M_EMPTY;
+    uint64_t x = entry >> 3;
+    Val v = {V_NONE, 0, {.i = 0}};
+    switch (entry & 7) {
+    case M_LIT: {
+        if (sc->buf[x] == 0x8c) { /* SHORT_BINUNICODE, checked when first read: a key */
+            Val *slot = vec_push(&sc->stack);
+            if (!slot) return FAIL(sc, "out of memory");
+            slot->kind = V_STR; /* in place: a Val built aside and copied stalled here */
+            slot->len = sc->buf[x + 1];
+            slot->u.s = (const char *)sc->buf + x + 2;
+            sc->lit_pos = (size_t)x;
+            return 0;
+        }
+        size_t saved = sc->pos;
+        sc->pos = (size_t)x + 1;
+        int rc = read_literal(sc, sc->buf[x], &v);
+        sc->pos = saved;
+        if (rc != 1) return FAIL(sc, "a memo entry lost its literal");
+        if (push(sc, v) < 0) return -1;
+        sc->lit_pos = (size_t)x; /* the top is that opcode's value again */
+        return 0;
+    }
+    case M_OBJ:
+        v.kind = V_OBJ;
+        v.u.obj = (int32_t)x;
+        pin(sc, v); /* read while its memo entry is not the only reference */
+        return push(sc, v);
+    case M_SPILL:
+        return push(sc, AT(sc->spill, Val, x));
+    case M_FRAME:
+    case M_STACK:
+    case M_EVENT:
+        v.kind = (entry & 7) == M_FRAME ? V_FRAME : (entry & 7) == M_STACK ? V_STACK : V_EVENT;
+        v.u.obj = (int32_t)x;
+        return push(sc, v);
+    default:
         return FAIL(sc, "the pickle reads a memo entry it never wrote");
-    return push(sc, AT(sc->memo, Val, index));
+    }
 }
 
-static int push_int(Scan *sc, int64_t i) {
-    Val v = {V_INT, 0, {.i = i}};
-    return push(sc, v);
-}
-
-static int push_str(Scan *sc, int kind, uint64_t n) {
+static int str_val(Scan *sc, int kind, uint64_t n, Val *v) {
     if (n > UINT32_MAX) return FAIL(sc, "a string over 4 GiB");
     if (need(sc, (size_t)n) < 0) return -1;
-    Val v = {(uint8_t)kind, (uint32_t)n, {.s = (const char *)sc->buf + sc->pos}};
+    v->kind = (uint8_t)kind;
+    v->len = (uint32_t)n;
+    v->u.s = (const char *)sc->buf + sc->pos;
     sc->pos += (size_t)n;
-    return push(sc, v);
+    return 0;
+}
+
+/* The value of literal opcode `op`, its operand at sc->pos (then passed): 1, or 0 if
+ * `op` is not a literal, -1 on error. */
+static int read_literal(Scan *sc, unsigned char op, Val *v) {
+    v->len = 0;
+    switch (op) {
+    case 'N': /* NONE */
+        v->kind = V_NONE;
+        return 1;
+    case 0x88: /* NEWTRUE */
+    case 0x89: /* NEWFALSE */
+        v->kind = V_BOOL;
+        v->u.i = op == 0x88;
+        return 1;
+    case 'K': /* BININT1 */
+        if (need(sc, 1) < 0) return -1;
+        v->kind = V_INT;
+        v->u.i = sc->buf[sc->pos];
+        sc->pos += 1;
+        return 1;
+    case 'M': /* BININT2 */
+        if (need(sc, 2) < 0) return -1;
+        v->kind = V_INT;
+        v->u.i = (int64_t)le(sc->buf + sc->pos, 2);
+        sc->pos += 2;
+        return 1;
+    case 'J': /* BININT: signed 32 bits */
+        if (need(sc, 4) < 0) return -1;
+        v->kind = V_INT;
+        v->u.i = (int32_t)(uint32_t)le(sc->buf + sc->pos, 4);
+        sc->pos += 4;
+        return 1;
+    case 0x8a: /* LONG1 */
+    case 0x8b: /* LONG4 */
+    {
+        uint64_t n;
+        if (op == 0x8a) {
+            if (need(sc, 1) < 0) return -1;
+            n = sc->buf[sc->pos++];
+        } else {
+            if (need(sc, 4) < 0) return -1;
+            n = le(sc->buf + sc->pos, 4);
+            sc->pos += 4;
+        }
+        if (need(sc, (size_t)n) < 0) return -1;
+        const unsigned char *p = sc->buf + sc->pos;
+        /* Longer than 8 bytes is fine while it is a sign extension. */
+        int64_t x = 0;
+        if (n > 0) {
+            size_t k = n > 8 ? 8 : (size_t)n;
+            uint64_t u = le(p, (int)k);
+            if (k < 8 && (p[k - 1] & 0x80)) u |= ~0ULL << (8 * k);
+            x = (int64_t)u;
+            unsigned char fill = x < 0 ? 0xff : 0;
+            for (size_t i = 8; i < n; i++)
+                if (p[i] != fill) return FAIL(sc, "an integer over 64 bits");
+        }
+        sc->pos += (size_t)n;
+        v->kind = V_INT;
+        v->u.i = x;
+        return 1;
+    }
+    case 'G': /* BINFLOAT: big-endian double */
+    {
+        if (need(sc, 8) < 0) return -1;
+        uint64_t u = 0;
+        for (int i = 0; i < 8; i++) u = (u << 8) | sc->buf[sc->pos + i];
+        sc->pos += 8;
+        v->kind = V_FLOAT;
+        memcpy(&v->u.f, &u, 8);
+        return 1;
+    }
+    case 0x8c: /* SHORT_BINUNICODE */
+    case 'C':  /* SHORT_BINBYTES */
+        if (need(sc, 1) < 0) return -1;
+        sc->pos += 1;
+        return str_val(sc, op == 'C' ? V_BYTES : V_STR, sc->buf[sc->pos - 1], v) < 0 ? -1 : 1;
+    case 'X': /* BINUNICODE */
+    case 'B': /* BINBYTES */
+        if (need(sc, 4) < 0) return -1;
+        sc->pos += 4;
+        return str_val(sc, op == 'B' ? V_BYTES : V_STR, le(sc->buf + sc->pos - 4, 4), v) < 0
+                   ? -1 : 1;
+    case 0x8d: /* BINUNICODE8 */
+    case 0x8e: /* BINBYTES8 */
+    case 0x96: /* BYTEARRAY8 */
+        if (need(sc, 8) < 0) return -1;
+        sc->pos += 8;
+        return str_val(sc, op == 0x8d ? V_STR : V_BYTES, le(sc->buf + sc->pos - 8, 8), v) < 0
+                   ? -1 : 1;
+    default:
+        return 0;
+    }
 }
 
 /* A container from the items above the last mark. */
@@ -477,6 +829,15 @@ static int tuple_of(Scan *sc, size_t n) {
     return push(sc, v);
 }
 
+/* Dict items into the dict in `slot`: read at once (a frame, an event), or kept. */
+static int dict_set(Scan *sc, Val *slot, const Val *items, size_t n) {
+    if (read_already(sc, *slot) < 0) return -1;
+    Obj *o = obj_of(sc, *slot);
+    if (!o || o->type != O_DICT) return FAIL(sc, "an item set on a non-dict");
+    int rc = read_dict(sc, slot, items, n);
+    return rc < 0 ? -1 : rc ? 0 : obj_add(sc, o, items, n);
+}
+
 /* Items above the last mark into the container below it (APPENDS, SETITEMS, ADDITEMS). */
 static int add_from_mark(Scan *sc, uint8_t type) {
     size_t at;
@@ -484,13 +845,16 @@ static int add_from_mark(Scan *sc, uint8_t type) {
     if (at == 0 || at > sc->stack.n) return FAIL(sc, "items with no container");
     size_t floor = sc->marks.n ? (size_t)AT(sc->marks, int64_t, sc->marks.n - 1) : 0;
     if (at - 1 < floor) return FAIL(sc, "items with no container");
-    Val target = AT(sc->stack, Val, at - 1);
-    Obj *o = obj_of(sc, target);
+    Val *target = &AT(sc->stack, Val, at - 1);
+    if (read_already(sc, *target) < 0) return -1;
+    Obj *o = obj_of(sc, *target);
     size_t n = sc->stack.n - at;
     if (!o || o->type != type) return FAIL(sc, "items added to the wrong kind of object");
     if (type == O_DICT && n % 2) return FAIL(sc, "a dict with a key and no value");
-    int rc = type == O_LIST ? list_append(sc, target, &AT(sc->stack, Val, at), n)
-                            : obj_add(sc, o, &AT(sc->stack, Val, at), n);
+    const Val *items = &AT(sc->stack, Val, at);
+    int rc = type == O_LIST ? list_append(sc, target, items, n)
+             : type == O_DICT ? dict_set(sc, target, items, n)
+                              : obj_add(sc, o, items, n);
     sc->stack.n = at;
     return rc;
 }
@@ -511,10 +875,23 @@ static int run(Scan *sc) {
         if (sc->pos >= sc->size) return FAIL(sc, "the file ends before the pickle's STOP");
         int rc = report(sc);
         if (rc) return rc;
+        size_t op_pos = sc->pos, lit_pos = sc->lit_pos;
         unsigned char op = sc->buf[sc->pos++];
         Val v, w;
         Val *t;
+        sc->lit_pos = NO_LIT; /* but for a literal, and the opcodes that leave the top */
         switch (op) {
+        case 'N': case 0x88: case 0x89: case 'K': case 'M': case 'J': case 0x8a: case 0x8b:
+        case 'G': case 0x8c: case 'C': case 'X': case 'B': case 0x8d: case 0x8e: case 0x96:
+        {
+            /* read into its stack slot: a Val built aside, field by field, then copied
+             * whole, stalls on store forwarding (this and the memo's keys: 30% of a scan) */
+            Val *slot = vec_push(&sc->stack);
+            if (!slot) return FAIL(sc, "out of memory");
+            if (read_literal(sc, op, slot) < 0) return -1;
+            sc->lit_pos = op_pos;
+            break;
+        }
         case 0x80: /* PROTO */
             if (need(sc, 1) < 0) return -1;
             if (sc->buf[sc->pos] < 2 || sc->buf[sc->pos] > 5) {
@@ -522,10 +899,12 @@ static int run(Scan *sc) {
                 return FAIL(sc, "pickle protocol %d", sc->buf[sc->pos]);
             }
             sc->pos += 1;
+            sc->lit_pos = lit_pos;
             break;
         case 0x95: /* FRAME: a length; the frames' content follows inline */
             if (need(sc, 8) < 0) return -1;
             sc->pos += 8;
+            sc->lit_pos = lit_pos;
             break;
         case '.': /* STOP */
             return 0;
@@ -556,93 +935,8 @@ static int run(Scan *sc) {
         case '2': /* DUP */
             if (top(sc, &t) < 0) return -1;
             v = *t;
+            pin(sc, v); /* two references now */
             if (push(sc, v) < 0) return -1;
-            break;
-        case 'N': /* NONE */
-            v.kind = V_NONE;
-            if (push(sc, v) < 0) return -1;
-            break;
-        case 0x88: /* NEWTRUE */
-        case 0x89: /* NEWFALSE */
-            v.kind = V_BOOL;
-            v.u.i = op == 0x88;
-            if (push(sc, v) < 0) return -1;
-            break;
-        case 'K': /* BININT1 */
-            if (need(sc, 1) < 0 || push_int(sc, sc->buf[sc->pos]) < 0) return -1;
-            sc->pos += 1;
-            break;
-        case 'M': /* BININT2 */
-            if (need(sc, 2) < 0 || push_int(sc, (int64_t)le(sc->buf + sc->pos, 2)) < 0)
-                return -1;
-            sc->pos += 2;
-            break;
-        case 'J': /* BININT: signed 32 bits */
-            if (need(sc, 4) < 0 ||
-                push_int(sc, (int32_t)(uint32_t)le(sc->buf + sc->pos, 4)) < 0)
-                return -1;
-            sc->pos += 4;
-            break;
-        case 0x8a: /* LONG1 */
-        case 0x8b: /* LONG4 */
-        {
-            uint64_t n;
-            if (op == 0x8a) {
-                if (need(sc, 1) < 0) return -1;
-                n = sc->buf[sc->pos++];
-            } else {
-                if (need(sc, 4) < 0) return -1;
-                n = le(sc->buf + sc->pos, 4);
-                sc->pos += 4;
-            }
-            if (need(sc, (size_t)n) < 0) return -1;
-            const unsigned char *p = sc->buf + sc->pos;
-            /* Longer than 8 bytes is fine while it is a sign extension. */
-            int64_t x = 0;
-            if (n > 0) {
-                size_t k = n > 8 ? 8 : (size_t)n;
-                uint64_t u = le(p, (int)k);
-                if (k < 8 && (p[k - 1] & 0x80)) u |= ~0ULL << (8 * k);
-                x = (int64_t)u;
-                unsigned char fill = x < 0 ? 0xff : 0;
-                for (size_t i = 8; i < n; i++)
-                    if (p[i] != fill) return FAIL(sc, "an integer over 64 bits");
-            }
-            sc->pos += (size_t)n;
-            if (push_int(sc, x) < 0) return -1;
-            break;
-        }
-        case 'G': /* BINFLOAT: big-endian double */
-        {
-            if (need(sc, 8) < 0) return -1;
-            uint64_t u = 0;
-            for (int i = 0; i < 8; i++) u = (u << 8) | sc->buf[sc->pos + i];
-            sc->pos += 8;
-            v.kind = V_FLOAT;
-            memcpy(&v.u.f, &u, 8);
-            if (push(sc, v) < 0) return -1;
-            break;
-        }
-        case 0x8c: /* SHORT_BINUNICODE */
-        case 'C':  /* SHORT_BINBYTES */
-            if (need(sc, 1) < 0) return -1;
-            sc->pos += 1;
-            if (push_str(sc, op == 'C' ? V_BYTES : V_STR, sc->buf[sc->pos - 1]) < 0) return -1;
-            break;
-        case 'X': /* BINUNICODE */
-        case 'B': /* BINBYTES */
-            if (need(sc, 4) < 0) return -1;
-            sc->pos += 4;
-            if (push_str(sc, op == 'B' ? V_BYTES : V_STR, le(sc->buf + sc->pos - 4, 4)) < 0)
-                return -1;
-            break;
-        case 0x8d: /* BINUNICODE8 */
-        case 0x8e: /* BINBYTES8 */
-        case 0x96: /* BYTEARRAY8 */
-            if (need(sc, 8) < 0) return -1;
-            sc->pos += 8;
-            if (push_str(sc, op == 0x8d ? V_STR : V_BYTES, le(sc->buf + sc->pos - 8, 8)) < 0)
-                return -1;
             break;
         case '}': /* EMPTY_DICT */
         case ']': /* EMPTY_LIST */
@@ -671,9 +965,9 @@ static int run(Scan *sc) {
             if (tuple_of(sc, (size_t)(op - 0x84)) < 0) return -1;
             break;
         case 'a': /* APPEND */
-            if (pop(sc, &w) < 0 || top(sc, &t) < 0) return -1;
-            v = *t;
-            if (list_append(sc, v, &w, 1) < 0) return -1;
+            if (pop(sc, &w) < 0 || top(sc, &t) < 0 || read_already(sc, *t) < 0 ||
+                list_append(sc, t, &w, 1) < 0)
+                return -1;
             break;
         case 'e': /* APPENDS */
             if (add_from_mark(sc, O_LIST) < 0) return -1;
@@ -681,10 +975,9 @@ static int run(Scan *sc) {
         case 's': /* SETITEM */
         {
             Val kv[2];
-            if (pop(sc, &kv[1]) < 0 || pop(sc, &kv[0]) < 0 || top(sc, &t) < 0) return -1;
-            Obj *o = obj_of(sc, *t);
-            if (!o || o->type != O_DICT) return FAIL(sc, "an item set on a non-dict");
-            if (obj_add(sc, o, kv, 2) < 0) return -1;
+            if (pop(sc, &kv[1]) < 0 || pop(sc, &kv[0]) < 0 || top(sc, &t) < 0 ||
+                dict_set(sc, t, kv, 2) < 0)
+                return -1;
             break;
         }
         case 'u': /* SETITEMS */
@@ -694,14 +987,17 @@ static int run(Scan *sc) {
             if (add_from_mark(sc, O_SET) < 0) return -1;
             break;
         case 0x94: /* MEMOIZE */
+            sc->lit_pos = lit_pos;
             if (top(sc, &t) < 0 || memo_put(sc, sc->memo.n, *t) < 0) return -1;
             break;
         case 'q': /* BINPUT */
+            sc->lit_pos = lit_pos;
             if (need(sc, 1) < 0 || top(sc, &t) < 0 || memo_put(sc, sc->buf[sc->pos], *t) < 0)
                 return -1;
             sc->pos += 1;
             break;
         case 'r': /* LONG_BINPUT */
+            sc->lit_pos = lit_pos;
             if (need(sc, 4) < 0 || top(sc, &t) < 0 ||
                 memo_put(sc, le(sc->buf + sc->pos, 4), *t) < 0)
                 return -1;
@@ -731,6 +1027,21 @@ static PyObject *frame_dict(Scan *sc, int32_t id) {
     return Py_BuildValue("{s:s#,s:s#,s:L}", "name", f->name, (Py_ssize_t)f->name_len,
                          "filename", f->file, (Py_ssize_t)f->file_len, "line",
                          (long long)f->line);
+}
+
+static PyObject *stack_list(Scan *sc, int32_t id) {
+    int64_t a = AT(sc->stack_start, int64_t, id), b = AT(sc->stack_start, int64_t, id + 1);
+    PyObject *list = PyList_New(0);
+    for (int64_t k = a; list && k < b; k++) {
+        PyObject *f = frame_dict(sc, AT(sc->stack_items, int32_t, k));
+        if (!f || PyList_Append(list, f) < 0) {
+            Py_XDECREF(f);
+            Py_CLEAR(list);
+            break;
+        }
+        Py_DECREF(f);
+    }
+    return list;
 }
 
 static PyObject *items_to(Scan *sc, Obj *o, PyObject *container, PyObject *marker, int depth) {
@@ -786,6 +1097,12 @@ static PyObject *to_python(Scan *sc, Val v, PyObject *marker, int depth) {
         return PyBytes_FromStringAndSize(v.u.s, (Py_ssize_t)v.len);
     case V_OBJ:
         break;
+    case V_FRAME:
+        return frame_dict(sc, v.u.obj);
+    case V_STACK:
+        return stack_list(sc, v.u.obj);
+    case V_EVENT: /* an event outside a trace list: the rows hold it */
+        Py_RETURN_NONE;
     default:
         PyErr_SetString(PyExc_ValueError, "a mark left in the result");
         return NULL;
@@ -794,21 +1111,7 @@ static PyObject *to_python(Scan *sc, Val v, PyObject *marker, int depth) {
     if (o->role == R_EVENTS) return PyObject_CallFunction(marker, "i", v.u.obj);
     if (o->role == R_FRAME && o->items == NULL) return frame_dict(sc, o->summary);
     if (o->role == R_EVENT) Py_RETURN_NONE;
-    if (o->role == R_STACK) {
-        int64_t a = AT(sc->stack_start, int64_t, o->summary);
-        int64_t b = AT(sc->stack_start, int64_t, o->summary + 1);
-        PyObject *list = PyList_New(0);
-        for (int64_t k = a; list && k < b; k++) {
-            PyObject *f = frame_dict(sc, AT(sc->stack_items, int32_t, k));
-            if (!f || PyList_Append(list, f) < 0) {
-                Py_XDECREF(f);
-                Py_CLEAR(list);
-                break;
-            }
-            Py_DECREF(f);
-        }
-        return list;
-    }
+    if (o->role == R_STACK && o->items == NULL) return stack_list(sc, o->summary);
     PyObject *c;
     switch (o->type) {
     case O_DICT:
@@ -831,6 +1134,40 @@ static PyObject *to_python(Scan *sc, Val v, PyObject *marker, int depth) {
 
 /* ---- the module ---- */
 
+/* Number the stacks as the pickle reader does: in the order the trace's events first
+ * use them, then the others (a block's frames, read before the trace). The rows take the
+ * new ids; the result maps each new id to the old one (NULL when out of memory). */
+static int32_t *renumber_stacks(Scan *sc) {
+    size_t n = sc->stack_start.n - 1, rows = sc->ev_list.n;
+    int32_t *order = malloc((n ? n : 1) * sizeof(int32_t));
+    int32_t *new_of = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!order || !new_of) {
+        free(order);
+        free(new_of);
+        return NULL;
+    }
+    memset(new_of, 0xff, n * sizeof(int32_t));
+    int32_t next = 0;
+    for (size_t r = 0; r < rows; r++) {
+        int32_t old = AT(sc->ev_stack, int32_t, r);
+        if (old >= 0 && AT(sc->ev_list, int32_t, r) >= 0 && new_of[old] < 0) {
+            new_of[old] = next;
+            order[next++] = old;
+        }
+    }
+    for (size_t old = 0; old < n; old++)
+        if (new_of[old] < 0) {
+            new_of[old] = next;
+            order[next++] = (int32_t)old;
+        }
+    for (size_t r = 0; r < rows; r++) {
+        int32_t old = AT(sc->ev_stack, int32_t, r);
+        if (old >= 0) AT(sc->ev_stack, int32_t, r) = new_of[old];
+    }
+    free(new_of);
+    return order;
+}
+
 static PyObject *column(Vec *v) {
     return PyBytes_FromStringAndSize(v->data ? v->data : "", (Py_ssize_t)(v->n * v->size));
 }
@@ -838,7 +1175,8 @@ static PyObject *column(Vec *v) {
 static void scan_free(Scan *sc) {
     if (sc->objs.data)
         for (size_t i = 0; i < sc->objs.n; i++) free(AT(sc->objs, Obj, i).items);
-    Vec *vecs[] = {&sc->stack, &sc->marks, &sc->memo, &sc->objs, &sc->frames,
+    Vec *vecs[] = {&sc->stack, &sc->marks, &sc->memo, &sc->objs, &sc->spill,
+                   &sc->free_objs, &sc->frames,
                    &sc->stack_items, &sc->stack_start, &sc->ev_list, &sc->ev_time,
                    &sc->ev_action, &sc->ev_addr, &sc->ev_size, &sc->ev_stack};
     for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++) free(vecs[i]->data);
@@ -873,11 +1211,17 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
     memset(&sc, 0, sizeof sc);
     Vec proto_val = VEC(Val), proto_i64 = VEC(int64_t), proto_obj = VEC(Obj),
         proto_frame = VEC(Frame), proto_i32 = VEC(int32_t), proto_i8 = VEC(int8_t);
-    sc.stack = sc.memo = proto_val;
-    sc.marks = sc.stack_start = sc.ev_time = sc.ev_addr = sc.ev_size = proto_i64;
+    sc.stack = sc.spill = proto_val;
+    sc.marks = sc.memo = sc.stack_start = sc.ev_time = sc.ev_addr = sc.ev_size = proto_i64;
     sc.objs = proto_obj;
     sc.frames = proto_frame;
-    sc.stack_items = sc.ev_list = sc.ev_stack = proto_i32;
+    sc.stack_items = sc.ev_list = sc.ev_stack = sc.free_objs = proto_i32;
+    sc.lit_pos = NO_LIT;
+    sc.last_placed = -1;
+    for (int k = 0; k < N_KEYS; k++) {
+        sc.keys[k].text = KEY_TEXT[k];
+        sc.keys[k].len = (uint32_t)strlen(KEY_TEXT[k]);
+    }
     sc.ev_action = proto_i8;
     sc.buf = view.buf;
     sc.size = (size_t)view.len;
@@ -928,13 +1272,16 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
         PyList_SET_ITEM(frames, (Py_ssize_t)i, item);
     }
     size_t n_stacks = sc.stack_start.n - 1;
-    PyObject *stacks = PyList_New((Py_ssize_t)n_stacks);
+    int32_t *order = renumber_stacks(&sc);
+    PyObject *stacks = order ? PyList_New((Py_ssize_t)n_stacks) : PyErr_NoMemory();
     if (!stacks) {
+        free(order);
         Py_DECREF(frames);
         goto done;
     }
     for (size_t s = 0; s < n_stacks; s++) {
-        int64_t a = AT(sc.stack_start, int64_t, s), b = AT(sc.stack_start, int64_t, s + 1);
+        int64_t a = AT(sc.stack_start, int64_t, order[s]);
+        int64_t b = AT(sc.stack_start, int64_t, order[s] + 1);
         PyObject *ids = PyTuple_New((Py_ssize_t)(b - a));
         if (!ids) {
             Py_DECREF(frames);
@@ -946,6 +1293,7 @@ static PyObject *scan(PyObject *self, PyObject *args, PyObject *kwargs) {
                              PyLong_FromLong(AT(sc.stack_items, int32_t, k)));
         PyList_SET_ITEM(stacks, (Py_ssize_t)s, ids);
     }
+    free(order);
     result = Py_BuildValue("{s:O,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "tree", tree, "list",
                            column(&sc.ev_list), "time", column(&sc.ev_time), "action",
                            column(&sc.ev_action), "addr", column(&sc.ev_addr), "size",

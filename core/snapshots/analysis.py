@@ -44,12 +44,18 @@ class Timeline:
 
 def timeline(index: SnapshotIndex, device: int) -> Timeline:
     """Active bytes after each event of ``device`` (allocations minus completed frees)."""
-    mine = np.flatnonzero(index.ev_device == device)
-    action = index.ev_action[mine]
-    delta = np.where(action == ALLOC, index.ev_size[mine], 0)
-    delta = delta - np.where((action == FREE_COMPLETED) | (action == FREE), index.ev_size[mine], 0)
+    devices = index.ev_device
+    if len(devices) and not (devices != device).any():  # one device: no gathers of it all
+        mine, rows = np.arange(len(devices)), slice(None)
+    else:
+        mine = rows = np.flatnonzero(devices == device)
+    action = index.ev_action[rows]
+    sign = (action == ALLOC).astype(np.int8) - ((action == FREE_COMPLETED) | (action == FREE))
+    active = index.ev_size[rows] * sign
     initial = int(index.al_size[(index.al_device == device) & (index.al_start < 0)].sum())
-    return Timeline(index.ev_time[mine], initial + np.cumsum(delta), mine, initial)
+    np.cumsum(active, out=active)
+    active += initial
+    return Timeline(index.ev_time[rows], active, mine, initial)
 
 
 def live_at(index: SnapshotIndex, device: int, event: int) -> np.ndarray:

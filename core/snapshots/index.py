@@ -114,7 +114,9 @@ class _Stacks:
         if not frames:
             return -1
         try:  # the raw values as the key: formatting happens once per distinct stack
-            key = tuple([tuple(f.values()) for f in frames])
+            # A frame is its name, file and line, as the scanner interns it: a key more
+            # (a column) must not make the same stack two.
+            key = tuple([(f.get("name"), f.get("filename"), f.get("line")) for f in frames])
         except AttributeError:  # not a list of dicts
             return -1
         found = self.ids.get(key)
@@ -227,13 +229,19 @@ def _allocations(
     began, and so is a block live at the end that no event mentions."""
     device, _, action, addr, size, stack = ev
     n = len(device)
-    index = np.arange(n)
     is_alloc = action == ALLOC
-    is_free = (action == FREE_COMPLETED) | (action == FREE)
-    keep = is_alloc | is_free
-    idx, dev, ad = index[keep], device[keep], addr[keep]
-    order = np.lexsort((idx, ad, dev))
-    idx, dev, ad = idx[order], dev[order], ad[order]
+    keep = is_alloc | (action == FREE_COMPLETED) | (action == FREE)
+    idx = np.flatnonzero(keep)
+    ad = addr[idx]
+    one_device = n == 0 or (device[0] == device[-1] and not (device != device[0]).any())
+    if one_device:  # ten million events: a sort and a gather fewer
+        order = np.argsort(ad, kind="stable")
+        idx, ad = idx[order], ad[order]
+        dev = np.broadcast_to(device[:1], idx.shape) if n else device[:0]
+    else:
+        dev = device[idx]
+        order = np.lexsort((idx, ad, dev))
+        idx, dev, ad = idx[order], dev[order], ad[order]
     alloc = is_alloc[idx]
     same_next = np.zeros(len(idx), dtype=bool)
     if len(idx) > 1:
@@ -261,14 +269,7 @@ def _allocations(
     if len(blk_addr):
         allocated = blk_state == STATES.index("active_allocated")
         b_dev = seg_device[blk_segment].astype(np.int16) if len(seg_device) else blk_segment
-        seen = set(zip(device[keep].tolist(), addr[keep].tolist(), strict=True))
-        silent = np.array(
-            [
-                ok and (int(d), int(a)) not in seen
-                for ok, d, a in zip(allocated, b_dev, blk_addr, strict=True)
-            ],
-            dtype=bool,
-        )
+        silent = allocated & ~_mentioned(b_dev, blk_addr, device[keep], addr[keep])
         if silent.any():
             k = int(silent.sum())
             extra = [
@@ -278,3 +279,21 @@ def _allocations(
             ]  # fmt: skip
             al = [np.r_[a, b] for a, b in zip(al, extra, strict=True)]
     return al
+
+
+def _mentioned(
+    blk_device: np.ndarray, blk_addr: np.ndarray, ev_device: np.ndarray, ev_addr: np.ndarray
+) -> np.ndarray:
+    """Whether an event names each block's device and address: the events are looked up
+    among the blocks (a few thousand), sorted, rather than gathered in a set (ten million
+    tuples took a second)."""
+    out = np.zeros(len(blk_addr), dtype=bool)
+    for d in np.unique(blk_device):
+        mine = np.flatnonzero(blk_device == d)
+        order = mine[np.argsort(blk_addr[mine], kind="stable")]
+        keys = blk_addr[order]
+        ev = ev_addr[ev_device == d]
+        at = np.minimum(np.searchsorted(keys, ev), len(keys) - 1)
+        named = np.unique(ev[keys[at] == ev])
+        out[order[np.isin(keys, named)]] = True
+    return out

@@ -81,20 +81,26 @@ def _trace_order(data: dict[str, Any], out: dict[str, Any]) -> list[np.ndarray]:
     """The scanner's rows as the index's event columns: each trace list's rows become its
     device's (by the list's place in ``device_traces``), devices in order, and a row with
     no time gets its place in its trace, as the pickle reader gives it."""
-    device_of = {int(t): d for d, t in enumerate(data["device_traces"]) if type(t) is _EventList}
-    data["device_traces"] = [[] for _ in data["device_traces"]]  # the rows hold them
     lists = np.frombuffer(out["list"], dtype=np.int32)
-    devices = np.full(len(lists), -1, dtype=np.int16)
-    for list_id, device in device_of.items():
-        devices[lists == list_id] = device
-    rows = np.flatnonzero(devices >= 0)
-    rows = rows[np.argsort(devices[rows], kind="stable")]
-    device = devices[rows]
-    time = np.frombuffer(out["time"], dtype=np.int64)[rows].copy()
+    # A device's rows are its list's, in append order; one list on two devices (pickle
+    # writes the second as a reference) gives both its rows.
+    per_device = [
+        (d, np.flatnonzero(lists == int(t)))
+        for d, t in enumerate(data["device_traces"])
+        if type(t) is _EventList
+    ]
+    data["device_traces"] = [[] for _ in data["device_traces"]]  # the rows hold them
+    rows = np.concatenate([r for _, r in per_device] or [np.empty(0, np.int64)])
+    device = np.concatenate(
+        [np.full(len(r), d, dtype=np.int16) for d, r in per_device] or [np.empty(0, np.int16)]
+    )
+    if len(per_device) == 1 and len(rows) == len(lists):
+        rows = slice(None)  # one trace holds every row, in order: no copy of ten million
+    time = np.array(np.frombuffer(out["time"], dtype=np.int64)[rows])
     untimed = time == np.iinfo(np.int64).min
     if untimed.any():
         starts = np.searchsorted(device, device)  # each row's device's first row
-        time[untimed] = (np.arange(len(rows)) - starts)[untimed]
+        time[untimed] = (np.arange(len(device)) - starts)[untimed]
     return [
         device,
         time,
