@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 from PySide6.QtCore import QModelIndex, QSettings, Qt
-from PySide6.QtWidgets import QTreeView
+from PySide6.QtWidgets import QApplication, QTreeView
 
 from torchmem.events import CensusTaken
 from torchmem.gui.panels.tensor_model import CHUNK, TensorModel
@@ -433,3 +433,20 @@ def test_each_ranks_alert_says_its_rank_and_is_muted_alone(qtbot, window):
     (kept,) = window.session.alert_list()
     assert kept.to_json()["series"] == "rank0/cpu/rss"
     assert kept.to_json()["message"].startswith("rank 0: ")
+
+
+def test_the_breakdown_chart_keeps_its_height_in_a_small_window(qtbot, window):
+    """At the window's default size on a 1400x900 screen (933x600), the chart was a sliver
+    under its legend of four kinds: the Readings beside it took the dock column."""
+    from torchmem.gui.plots.breakdown_plot import PLOT_MIN_HEIGHT
+
+    window.resize(933, 600)
+    step_census = rank_census(1.0, 1, "cpu", [505 * 1024, 1800, 1010 * 1024])
+    window.session.submit(step_census)
+    window.bridge.flush()
+    window.breakdown.refresh(force=True)
+    QApplication.processEvents()
+    plot = window.breakdown.plot
+    assert window.breakdown.legend.isVisible() and plot.isVisible()
+    assert plot.height() >= PLOT_MIN_HEIGHT, plot.height()
+    assert window.readings_dock.isVisible()  # the Readings still share the column

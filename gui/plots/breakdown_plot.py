@@ -32,6 +32,9 @@ KIND_COLORS = {
 }
 
 
+#: The chart's least height in pixels: a step axis and four gridlines stay readable.
+PLOT_MIN_HEIGHT = 120
+
 #: Redraw for a newer step (the newest census's area grows) every this many steps.
 STEP_REDRAW = 10
 
@@ -51,12 +54,16 @@ class BreakdownPlot(QWidget):
         self.plot.showGrid(y=True, alpha=0.25)
         self.plot.setLabel("bottom", "step")
         self.plot.setMouseEnabled(y=False)
+        # The dock shares its column with the Readings: without a floor, the window's
+        # default size left the chart a sliver under its legend.
+        self.plot.setMinimumHeight(PLOT_MIN_HEIGHT)
         self.legend = QLabel()
         self.legend.setWordWrap(True)
         self.legend.setTextFormat(Qt.RichText)
         self.legend.setToolTip(
             "Unique tensor bytes by kind at the newest census (views counted once); the "
-            "areas stack them from census to census"
+            "areas stack them from census to census.<br>Kinds: "
+            + ", ".join(KIND_LABELS[kind] for kind in KINDS)
         )
         self.empty = QLabel("Tensor bytes by kind appear here after the first census.")
         self.empty.setWordWrap(True)
@@ -189,14 +196,26 @@ class BreakdownPlot(QWidget):
 
 
 def _legend_html(newest: np.ndarray, device: ProcessDevice) -> str:
-    """Swatches with the newest census's bytes per kind, kinds that hold nothing left out."""
-    # A kind and its figure never break apart ("278.1" on one line, "KiB" on the next):
-    # lines break only between kinds.
-    parts = [
-        f'<span style="color:{KIND_COLORS[kind]}">■</span>&nbsp;'
-        + f"{KIND_LABELS[kind]} <b>{format_bytes(float(nbytes))}</b>".replace(" ", "&nbsp;")
+    """Swatches with the newest census's bytes per kind, kinds that hold nothing left out,
+    two to a line: one to a line, six kinds left the chart no room in a small window."""
+    # A long label may wrap inside its cell; its last word and its figure never break
+    # apart ("278.1" on one line, "KiB" on the next).
+    cells = [
+        f'<td><span style="color:{KIND_COLORS[kind]}">■</span>&nbsp;{_short(kind)}&nbsp;'
+        + f"<b>{format_bytes(float(nbytes))}</b>".replace(" ", "&nbsp;")
+        + "</td>"
         for kind, nbytes in zip(KINDS, newest, strict=True)
         if nbytes > 0
     ]
+    rows = "".join(
+        "<tr>" + '<td width="10"></td>'.join(cells[i : i + 2]) + "</tr>"
+        for i in range(0, len(cells), 2)
+    )
     total = format_bytes(float(newest.sum())).replace(" ", "&nbsp;")
-    return f"{device.label}: <b>{total}</b> &nbsp; " + " &nbsp; ".join(parts)
+    return f"{device.label}: <b>{total}</b><table cellspacing=0 cellpadding=0>{rows}</table>"
+
+
+def _short(kind: str) -> str:
+    """A kind's label in the legend: "activations" for "activations / saved for backward"
+    (the legend's tooltip gives each whole)."""
+    return KIND_LABELS[kind].split(" / ")[0]
