@@ -485,6 +485,20 @@ static int64_t int_or(const Val *v, int64_t otherwise) {
     return v && v->kind == V_INT ? v->u.i : otherwise;
 }
 
+/* A row at the end of the event columns. */
+static inline int push_row(Scan *sc, int32_t list, int64_t time, int64_t addr, int64_t size,
+                           int8_t action, int32_t stack) {
+    if (sc->ev_list.n >= INT32_MAX) return FAIL(sc, "too many events");
+    int32_t *l = vec_push(&sc->ev_list);
+    int64_t *t = vec_push(&sc->ev_time), *ad = vec_push(&sc->ev_addr),
+            *sz = vec_push(&sc->ev_size);
+    int8_t *ac = vec_push(&sc->ev_action);
+    int32_t *st = vec_push(&sc->ev_stack);
+    if (!l || !t || !ad || !sz || !ac || !st) return FAIL(sc, "out of memory");
+    *l = list, *t = time, *ad = addr, *sz = size, *ac = action, *st = stack;
+    return 0;
+}
+
 /* A new row for the event with fields `f` (its "action" a string), in `list` (-1: not yet
  * appended); its index in *row. */
 static int add_row(Scan *sc, const Val **f, int32_t list, int32_t *row) {
@@ -499,19 +513,9 @@ static int add_row(Scan *sc, const Val **f, int32_t list, int32_t *row) {
     const Val *frames = f[K_FRAMES];
     int32_t stack = frames ? stack_id(sc, *frames) : -1;
     if (stack == -2) return FAIL(sc, "out of memory");
-    if (sc->ev_list.n >= INT32_MAX) return FAIL(sc, "too many events");
-    int32_t *l = vec_push(&sc->ev_list);
-    int64_t *t = vec_push(&sc->ev_time), *ad = vec_push(&sc->ev_addr),
-            *sz = vec_push(&sc->ev_size);
-    int8_t *ac = vec_push(&sc->ev_action);
-    int32_t *st = vec_push(&sc->ev_stack);
-    if (!l || !t || !ad || !sz || !ac || !st) return FAIL(sc, "out of memory");
-    *l = list;
-    *t = int_or(f[K_TIME], INT64_MIN);
-    *ad = int_or(f[K_ADDR], 0);
-    *sz = int_or(f[K_SIZE], 0);
-    *ac = action;
-    *st = stack;
+    if (push_row(sc, list, int_or(f[K_TIME], INT64_MIN), int_or(f[K_ADDR], 0),
+                 int_or(f[K_SIZE], 0), action, stack) < 0)
+        return -1;
     *row = (int32_t)(sc->ev_list.n - 1);
     if (list >= 0) sc->last_placed = *row;
     return 0;
@@ -525,20 +529,11 @@ static int place_row(Scan *sc, int32_t row, int32_t list) {
         sc->last_placed = row;
         return 0;
     }
-    if (sc->ev_list.n >= INT32_MAX) return FAIL(sc, "too many events");
-    int32_t *l = vec_push(&sc->ev_list);
-    int64_t *t = vec_push(&sc->ev_time), *ad = vec_push(&sc->ev_addr),
-            *sz = vec_push(&sc->ev_size);
-    int8_t *ac = vec_push(&sc->ev_action);
-    int32_t *st = vec_push(&sc->ev_stack);
-    if (!l || !t || !ad || !sz || !ac || !st) return FAIL(sc, "out of memory");
     size_t r = (size_t)row;
-    *l = list;
-    *t = AT(sc->ev_time, int64_t, r);
-    *ad = AT(sc->ev_addr, int64_t, r);
-    *sz = AT(sc->ev_size, int64_t, r);
-    *ac = AT(sc->ev_action, int8_t, r);
-    *st = AT(sc->ev_stack, int32_t, r);
+    if (push_row(sc, list, AT(sc->ev_time, int64_t, r), AT(sc->ev_addr, int64_t, r),
+                 AT(sc->ev_size, int64_t, r), AT(sc->ev_action, int8_t, r),
+                 AT(sc->ev_stack, int32_t, r)) < 0)
+        return -1;
     sc->last_placed = (int64_t)(sc->ev_list.n - 1);
     return 0;
 }
