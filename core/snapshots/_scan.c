@@ -71,6 +71,9 @@ typedef struct {
  * index into the spill (a value with no opcode of its own); else an object's id, a frame
  * id, a stack id or an event row. 0 is an entry never written. */
 enum { M_EMPTY, M_LIT, M_OBJ, M_SPILL, M_FRAME, M_STACK, M_EVENT };
+/* A read container's entry: M_FRAME, M_STACK and M_EVENT follow V_FRAME, V_STACK and
+ * V_EVENT, in order. */
+#define READ_ENTRY(v) MEMO(M_FRAME + ((v).kind - V_FRAME), (uint32_t)(v).u.obj)
 #define MEMO(tag, x) (((uint64_t)(x) << 3) | (uint64_t)(tag))
 #define NO_LIT SIZE_MAX
 
@@ -314,9 +317,7 @@ static int settle(Scan *sc, Val *slot, Val v) {
     int32_t id = slot->u.obj;
     Obj *o = &AT(sc->objs, Obj, id);
     if (o->memo >= 0 && AT(sc->memo, uint64_t, o->memo) == MEMO(M_OBJ, id))
-        AT(sc->memo, uint64_t, o->memo) =
-            MEMO(v.kind == V_FRAME ? M_FRAME : v.kind == V_STACK ? M_STACK : M_EVENT,
-                 (uint32_t)v.u.obj);
+        AT(sc->memo, uint64_t, o->memo) = READ_ENTRY(v);
     *slot = v;
     int32_t *free_slot = vec_push(&sc->free_objs);
     if (!free_slot) return FAIL(sc, "out of memory");
@@ -395,6 +396,15 @@ static int32_t intern_frame(Scan *sc, const Val *name, const Val *file, int64_t 
     return (int32_t)(sc->frames.n - 1);
 }
 
+/* The frame id of dict fields `f`: name and filename strings, and line an int (when
+ * `exact`) or an int or missing (-1); -1 if they are not a frame, -2 out of memory. */
+static int32_t frame_of(Scan *sc, const Val **f, int exact) {
+    const Val *name = f[K_NAME], *file = f[K_FILENAME], *line = f[K_LINE];
+    if (!name || !file || name->kind != V_STR || file->kind != V_STR) return -1;
+    if (exact && (!line || line->kind != V_INT)) return -1;
+    return intern_frame(sc, name, file, line && line->kind == V_INT ? line->u.i : -1);
+}
+
 /* The frame id of a frame dict ({name, filename, line}); -1 if `v` is not one. */
 static int32_t frame_id(Scan *sc, Val v) {
     if (v.kind == V_FRAME) return v.u.obj;
@@ -404,9 +414,7 @@ static int32_t frame_id(Scan *sc, Val v) {
     if (o->role != R_PLAIN) return -1;
     const Val *f[N_KEYS];
     fields(sc, o->items, (size_t)o->n, f);
-    const Val *name = f[K_NAME], *file = f[K_FILENAME], *line = f[K_LINE];
-    if (!name || !file || name->kind != V_STR || file->kind != V_STR) return -1;
-    int32_t id = intern_frame(sc, name, file, line && line->kind == V_INT ? line->u.i : -1);
+    int32_t id = frame_of(sc, f, 0);
     if (id < 0) return id;
     /* Keep the items when the dict has more than a frame's three keys: nothing else
      * reads them, but a plain dict elsewhere in the tree should come back whole. */
@@ -538,17 +546,24 @@ static int place_row(Scan *sc, int32_t row, int32_t list) {
     return 0;
 }
 
-/* Add the event dict `o` (one the pickle kept referring to) as a row of list `list`. */
-static int emit_event(Scan *sc, Obj *o, int32_t list) {
+/* Add the event dict `o` (one the pickle kept referring to; its fields `f`) as a row of
+ * list `list`. */
+static int emit_event(Scan *sc, Obj *o, const Val **f, int32_t list) {
     if (o->role == R_EVENT) return place_row(sc, o->summary, list); /* appended again */
     int32_t row;
-    const Val *f[N_KEYS];
-    fields(sc, o->items, (size_t)o->n, f);
     if (add_row(sc, f, list, &row) < 0) return -1;
     obj_drop_items(o);
     o->role = R_EVENT;
     o->summary = row;
     return 0;
+}
+
+/* A read container cannot take more items: pickle's own output never adds to a dict or
+ * list after its items were set; the pickle reader takes such a file. */
+static int read_already(Scan *sc, Val v) {
+    if (v.kind != V_FRAME && v.kind != V_STACK && v.kind != V_EVENT) return 0;
+    sc->foreign = 1;
+    return FAIL(sc, "the pickle adds items to a container after they were read");
 }
 
 /* Dict items about to be set on the dict in `slot`: a fresh dict whose items are exactly
@@ -563,12 +578,9 @@ static int read_dict(Scan *sc, Val *slot, const Val *items, size_t n) {
         v.kind = V_EVENT;
         if (add_row(sc, f, -1, &v.u.obj) < 0) return -1;
     } else {
-        const Val *name = f[K_NAME], *file = f[K_FILENAME], *line = f[K_LINE];
-        if (n != 6 || !name || !file || !line || name->kind != V_STR ||
-            file->kind != V_STR || line->kind != V_INT)
-            return 0;
-        v.u.obj = intern_frame(sc, name, file, line->u.i);
-        if (v.u.obj < 0) return FAIL(sc, "out of memory");
+        v.u.obj = n == 6 ? frame_of(sc, f, 1) : -1; /* a frame's three keys, no more */
+        if (v.u.obj == -1) return 0;
+        if (v.u.obj == -2) return FAIL(sc, "out of memory");
     }
     return settle(sc, slot, v) < 0 ? -1 : 1;
 }
@@ -577,10 +589,7 @@ static int read_dict(Scan *sc, Val *slot, const Val *items, size_t n) {
  * pickler's batch (so no more can follow), becomes a stack id; events become rows;
  * anything else is kept. */
 static int list_append(Scan *sc, Val *slot, const Val *items, size_t n) {
-    if (slot->kind == V_STACK || slot->kind == V_FRAME || slot->kind == V_EVENT) {
-        sc->foreign = 1; /* a container changed after it was read: pickle's own output never */
-        return FAIL(sc, "the pickle changes a list after its items were read");
-    }
+    if (read_already(sc, *slot) < 0) return -1;
     Obj *list = obj_of(sc, *slot);
     if (!list || list->type != O_LIST) return FAIL(sc, "the pickle appends to a non-list");
     if (n < 1000 && fresh(sc, *slot)) {
@@ -604,7 +613,7 @@ static int list_append(Scan *sc, Val *slot, const Val *items, size_t n) {
         if (o && o->type == O_DICT && o->role == R_PLAIN) fields(sc, o->items, (size_t)o->n, f);
         if (o && o->type == O_DICT &&
             (o->role == R_EVENT || (f[K_ACTION] && f[K_ACTION]->kind == V_STR))) {
-            if (emit_event(sc, o, list_id) < 0) return -1;
+            if (emit_event(sc, o, f, list_id) < 0) return -1;
             list->role = R_EVENTS;
         } else if (obj_add(sc, list, &items[i], 1) < 0) {
             return -1;
@@ -614,14 +623,6 @@ static int list_append(Scan *sc, Val *slot, const Val *items, size_t n) {
 }
 
 /* ---- the machine ---- */
-
-/* A read container cannot take more items: pickle's own output never adds to a dict or
- * list after its items were set; the pickle reader takes such a file. */
-static int read_already(Scan *sc, Val v) {
-    if (v.kind != V_FRAME && v.kind != V_STACK && v.kind != V_EVENT) return 0;
-    sc->foreign = 1;
-    return FAIL(sc, "the pickle adds items to a container after they were read");
-}
 
 static int memo_put(Scan *sc, uint64_t index, Val v) {
     /* pickle numbers its memo entries in order: a far jump is a damaged file, not a
@@ -638,8 +639,7 @@ static int memo_put(Scan *sc, uint64_t index, Val v) {
         o->memo = o->memo == -1 ? (int64_t)index : -2;
         entry = MEMO(M_OBJ, (uint32_t)v.u.obj);
     } else if (v.kind == V_FRAME || v.kind == V_STACK || v.kind == V_EVENT) {
-        entry = MEMO(v.kind == V_FRAME ? M_FRAME : v.kind == V_STACK ? M_STACK : M_EVENT,
-                     (uint32_t)v.u.obj);
+        entry = READ_ENTRY(v);
     } else if (sc->lit_pos != NO_LIT) {
         entry = MEMO(M_LIT, sc->lit_pos);
     } else {
@@ -688,7 +688,7 @@ static int memo_get(Scan *sc, uint64_t index) {
     case M_FRAME:
     case M_STACK:
     case M_EVENT:
-        v.kind = (entry & 7) == M_FRAME ? V_FRAME : (entry & 7) == M_STACK ? V_STACK : V_EVENT;
+        v.kind = (uint8_t)(V_FRAME + ((entry & 7) - M_FRAME));
         v.u.obj = (int32_t)x;
         return push(sc, v);
     default:
@@ -841,15 +841,15 @@ static int add_from_mark(Scan *sc, uint8_t type) {
     size_t floor = sc->marks.n ? (size_t)AT(sc->marks, int64_t, sc->marks.n - 1) : 0;
     if (at - 1 < floor) return FAIL(sc, "items with no container");
     Val *target = &AT(sc->stack, Val, at - 1);
-    if (read_already(sc, *target) < 0) return -1;
-    Obj *o = obj_of(sc, *target);
     size_t n = sc->stack.n - at;
-    if (!o || o->type != type) return FAIL(sc, "items added to the wrong kind of object");
     if (type == O_DICT && n % 2) return FAIL(sc, "a dict with a key and no value");
     const Val *items = &AT(sc->stack, Val, at);
+    Obj *o = obj_of(sc, *target);
+    /* a list and a dict check their target themselves (APPEND and SETITEM come there) */
     int rc = type == O_LIST ? list_append(sc, target, items, n)
              : type == O_DICT ? dict_set(sc, target, items, n)
-                              : obj_add(sc, o, items, n);
+             : !o || o->type != type ? FAIL(sc, "items added to the wrong kind of object")
+                                     : obj_add(sc, o, items, n);
     sc->stack.n = at;
     return rc;
 }
@@ -960,8 +960,7 @@ static int run(Scan *sc) {
             if (tuple_of(sc, (size_t)(op - 0x84)) < 0) return -1;
             break;
         case 'a': /* APPEND */
-            if (pop(sc, &w) < 0 || top(sc, &t) < 0 || read_already(sc, *t) < 0 ||
-                list_append(sc, t, &w, 1) < 0)
+            if (pop(sc, &w) < 0 || top(sc, &t) < 0 || list_append(sc, t, &w, 1) < 0)
                 return -1;
             break;
         case 'e': /* APPENDS */

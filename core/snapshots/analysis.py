@@ -45,7 +45,7 @@ class Timeline:
 def timeline(index: SnapshotIndex, device: int) -> Timeline:
     """Active bytes after each event of ``device`` (allocations minus completed frees)."""
     devices = index.ev_device
-    if len(devices) and not (devices != device).any():  # one device: no gathers of it all
+    if not (devices != device).any():  # one device: no gathers of it all
         mine, rows = np.arange(len(devices)), slice(None)
     else:
         mine = rows = np.flatnonzero(devices == device)

@@ -230,14 +230,12 @@ def _allocations(
     device, _, action, addr, size, stack = ev
     n = len(device)
     is_alloc = action == ALLOC
-    keep = is_alloc | (action == FREE_COMPLETED) | (action == FREE)
-    idx = np.flatnonzero(keep)
+    idx = np.flatnonzero(is_alloc | (action == FREE_COMPLETED) | (action == FREE))
     ad = addr[idx]
-    one_device = n == 0 or (device[0] == device[-1] and not (device != device[0]).any())
-    if one_device:  # ten million events: a sort and a gather fewer
+    if not (device != device[:1]).any():  # one device: a sort and a gather fewer
         order = np.argsort(ad, kind="stable")
         idx, ad = idx[order], ad[order]
-        dev = np.broadcast_to(device[:1], idx.shape) if n else device[:0]
+        dev = np.broadcast_to(device[:1], idx.shape)
     else:
         dev = device[idx]
         order = np.lexsort((idx, ad, dev))
@@ -269,7 +267,7 @@ def _allocations(
     if len(blk_addr):
         allocated = blk_state == STATES.index("active_allocated")
         b_dev = seg_device[blk_segment].astype(np.int16) if len(seg_device) else blk_segment
-        silent = allocated & ~_mentioned(b_dev, blk_addr, device[keep], addr[keep])
+        silent = allocated & ~_mentioned(b_dev, blk_addr, dev, ad)  # the events paired
         if silent.any():
             k = int(silent.sum())
             extra = [

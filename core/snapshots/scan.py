@@ -96,9 +96,10 @@ def _trace_order(data: dict[str, Any], out: dict[str, Any]) -> list[np.ndarray]:
     )
     if len(per_device) == 1 and len(rows) == len(lists):
         rows = slice(None)  # one trace holds every row, in order: no copy of ten million
-    time = np.array(np.frombuffer(out["time"], dtype=np.int64)[rows])
+    time = np.frombuffer(out["time"], dtype=np.int64)[rows]
     untimed = time == np.iinfo(np.int64).min
-    if untimed.any():
+    if untimed.any():  # torch 2.0's traces
+        time = time.copy()  # writable (the file's column is not)
         starts = np.searchsorted(device, device)  # each row's device's first row
         time[untimed] = (np.arange(len(device)) - starts)[untimed]
     return [
