@@ -201,7 +201,7 @@ def main() -> None:
     # does).
     read_s, read_peak = peak_of(
         f"from torchmem.snapshots.open import index_snapshot\n"
-        f"index_snapshot({str(path)!r}, {str(folder / 'again.npz')!r})", env
+        f"index_snapshot({str(path)!r}, {str(folder / 'again.index')!r})", env
     )  # fmt: skip
     _, view_peak = peak_of(
         f"from torchmem.snapshots.open import open_snapshot\n"
@@ -217,7 +217,7 @@ def main() -> None:
     if size <= 1.5 * (1 << 30):
         took, peak = peak_of(
             f"from torchmem.snapshots.open import index_snapshot\n"
-            f"index_snapshot({str(path)!r}, {str(folder / 'pickled.npz')!r}, native=False)", env
+            f"index_snapshot({str(path)!r}, {str(folder / 'pickled.index')!r}, native=False)", env
         )  # fmt: skip
         pickled_time, pickled_rss = f"{took:.1f} s", format_bytes(peak)
         took, peak = peak_of(f"import pickle\nd = pickle.load(open({str(path)!r}, 'rb'))", env)

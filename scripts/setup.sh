@@ -38,7 +38,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ core/snapshots/_sca
   if .venv/bin/python -m pip install -q uv 2>/dev/null; then
     links=$(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true)
     UV_FIND_LINKS=${UV_FIND_LINKS:-$links} \
-      .venv/bin/uv pip install -q --python .venv/bin/python "${pkgs[@]}"
+      .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python "${pkgs[@]}"
   else
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q "${pkgs[@]}"

@@ -103,8 +103,8 @@ def test_devices_times_and_unknown_actions_come_through(tmp_path):
 
 def test_a_file_indexed_with_the_scanner_says_so(tmp_path):
     path = write(tmp_path / "snap.pickle", small_snapshot())
-    assert index_snapshot(path, tmp_path / "a.npz").meta["reader"] == "scanner"
-    assert index_snapshot(path, tmp_path / "b.npz", native=False).meta["reader"] == "pickle"
+    assert index_snapshot(path, tmp_path / "a.index").meta["reader"] == "scanner"
+    assert index_snapshot(path, tmp_path / "b.index", native=False).meta["reader"] == "pickle"
 
 
 def test_a_pickle_of_objects_is_left_to_pickle_which_names_them(tmp_path):
@@ -113,7 +113,7 @@ def test_a_pickle_of_objects_is_left_to_pickle_which_names_them(tmp_path):
     path = write(tmp_path / "objects.pickle", OrderedDict(segments=[]))
     assert scan.scan_snapshot(path, ACTIONS) is None
     with pytest.raises(SnapshotError, match=r"collections\.OrderedDict"):
-        index_snapshot(path, tmp_path / "x.npz")
+        index_snapshot(path, tmp_path / "x.index")
 
 
 def test_every_cut_of_a_snapshot_is_a_clear_error(tmp_path):

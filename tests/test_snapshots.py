@@ -73,6 +73,28 @@ def test_every_pickle_protocol_opens_and_the_index_is_reused(tmp_path, protocol)
     assert np.array_equal(again.ev_time, index.ev_time) and again.stacks == index.stacks
 
 
+@pytest.mark.parametrize("damage", ["cut array", "bad facts", "no facts"])
+def test_a_damaged_saved_index_is_built_again_with_the_same_figures(tmp_path, damage):
+    path = write(tmp_path / "snap.pickle", random_snapshot(2_000, 3))
+    first = open_snapshot(path, isolated=False)
+    peak = analysis.timeline(first, 0).peak
+    folder = index_path(path)
+    if damage == "cut array":
+        array = folder / "ev_time.npy"
+        array.write_bytes(array.read_bytes()[:100])
+    elif damage == "bad facts":
+        (folder / "extra.json").write_text("{not json")
+    else:
+        (folder / "extra.json").unlink()
+    again = open_snapshot(path, isolated=False)
+    assert analysis.timeline(again, 0).peak == peak
+    assert np.array_equal(again.ev_time, first.ev_time)
+    # Saved whole again: the next open reads the index, whose arrays map its files.
+    reopened = open_snapshot(path, isolated=False)
+    assert np.array_equal(reopened.al_size, first.al_size)
+    assert not reopened.ev_time.flags.writeable
+
+
 def test_the_command_line_prints_the_peak_and_its_owners(tmp_path):
     path = write(tmp_path / "snap.pickle", small_snapshot())
     r = snapshot_cli("--json", str(path))

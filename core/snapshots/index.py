@@ -1,5 +1,5 @@
 """A snapshot as columns: every trace event and every allocation's lifetime in numpy
-arrays, stacks interned once, saved beside in one ``.npz`` file.
+arrays, stacks interned once, saved beside as a folder of ``.npy`` files.
 
 memory_viz keeps every event as a JavaScript object and its browser tab dies near 1 GB;
 here the pickle is read once (in a worker process, :mod:`torchmem.snapshots.open`) and
@@ -9,6 +9,8 @@ what the views need is a few arrays of a dozen bytes an event, reopened in a mom
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,9 @@ import numpy as np
 from torchmem.snapshots.scan import ScannedSnapshot
 
 #: Version of the index format: an index of another version is rebuilt.
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+#: The file of an index folder that holds its stacks, facts and version; written last.
+EXTRA_FILE = "extra.json"
 #: The trace actions, by code (``free`` is torch 2.0's name of ``free_requested``).
 ACTIONS = (
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
@@ -78,28 +82,47 @@ class SnapshotIndex:
         })  # fmt: skip
 
     def save(self, path: str | Path) -> None:
-        """Write the index (arrays, stacks and facts) to one ``.npz`` file, atomically."""
+        """Write the index to the folder ``path``: one ``.npy`` file per array, and the
+        stacks and facts in :data:`EXTRA_FILE`. The folder appears whole or not at all
+        (written beside, then renamed); one already there is replaced."""
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        arrays = {k: v for k, v in vars(self).items() if isinstance(v, np.ndarray)}
-        extra = json.dumps({"stacks": self.stacks, "meta": self.meta, "version": INDEX_VERSION})
-        np.savez(tmp, **arrays, _extra=np.frombuffer(extra.encode(), dtype=np.uint8))
-        tmp.replace(path)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            for name, value in vars(self).items():
+                if isinstance(value, np.ndarray):
+                    np.save(tmp / f"{name}.npy", value, allow_pickle=False)
+            extra = {"stacks": self.stacks, "meta": self.meta, "version": INDEX_VERSION}
+            (tmp / EXTRA_FILE).write_text(json.dumps(extra))
+            if path.is_dir():  # an index of another version, or a damaged one
+                shutil.rmtree(path)
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
     @classmethod
     def load(cls, path: str | Path) -> SnapshotIndex | None:
-        """The index at ``path``, or None if missing, damaged or of another version."""
+        """The index in the folder ``path``, or None if missing, damaged or of another
+        version. Its arrays map the files rather than read them (a 10 million event index
+        is half a GiB: reading it back took 0.64 s), so pages load as the views touch
+        them; they are read-only."""
+        path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as data:
-                extra = json.loads(bytes(data["_extra"]).decode())
-                if extra.get("version") != INDEX_VERSION:
-                    return None
-                kept = ("stacks", "meta", "tensor_names")
-                names = [f for f in cls.__dataclass_fields__ if f not in kept]
-                arrays = {name: data[name] for name in names}
-        except (OSError, ValueError, KeyError, EOFError):
+            extra = json.loads((path / EXTRA_FILE).read_text())
+            if extra.get("version") != INDEX_VERSION:
+                return None
+            kept = ("stacks", "meta", "tensor_names")
+            names = [f for f in cls.__dataclass_fields__ if f not in kept]
+            # np.asarray: a plain array over the mapping (numpy.memmap's subclass hooks
+            # would run on every slice the views take).
+            arrays = {
+                name: np.asarray(np.load(path / f"{name}.npy", mmap_mode="r")) for name in names
+            }
+            return cls(**arrays, stacks=extra["stacks"], meta=extra["meta"])
+        except (OSError, ValueError, KeyError, EOFError, AttributeError, TypeError):
             return None
-        return cls(**arrays, stacks=extra["stacks"], meta=extra["meta"])
 
 
 class _Stacks:
@@ -253,13 +276,15 @@ def _allocations(
     starts = np.r_[a_idx, np.full(int(orphan.sum()), -1)]
     ends_all = np.r_[ends[alloc], idx[orphan]]
     rows = np.r_[a_idx, idx[orphan]]
+    # copy=False: a gathered column is new already (a copy of 10 million rows each was a
+    # quarter of a second).
     al = [
-        device[rows].astype(np.int16),
-        starts.astype(np.int64),
-        ends_all.astype(np.int64),
-        addr[rows].astype(np.uint64),
-        size[rows].astype(np.int64),
-        stack[rows].astype(np.int32),
+        device[rows].astype(np.int16, copy=False),
+        starts.astype(np.int64, copy=False),
+        ends_all.astype(np.int64, copy=False),
+        addr[rows].astype(np.uint64, copy=False),
+        size[rows].astype(np.int64, copy=False),
+        stack[rows].astype(np.int32, copy=False),
     ]
     # Blocks allocated at the end that the trace never mentions: live all along.
     seg_device = seg[0]

@@ -38,11 +38,11 @@ class SnapshotCancelled(Exception):
 
 
 def index_path(path: str | Path) -> Path:
-    """Where the index of the snapshot at ``path`` is kept."""
+    """The folder where the index of the snapshot at ``path`` is kept."""
     file = Path(path).resolve()
     stat = file.stat()
     key = hashlib.sha1(f"{file}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return sessions_dir() / "snapshot-index" / f"{file.stem[:40]}-{key}.npz"
+    return sessions_dir() / "snapshot-index" / f"{file.stem[:40]}-{key}.index"
 
 
 def index_snapshot(
