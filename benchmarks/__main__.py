@@ -55,13 +55,15 @@ class Bench:
 
 BENCHES = (
     Bench("sampler", "sampler_overhead.py", "step time under the sampler and leak tracking",
-          ("--blocks", "8"), ("--blocks", "2", "--steps", "15")),
+          ("--blocks", "8"), ("--blocks", "2", "--steps", "15"),
+          smoke=("--blocks", "1", "--steps", "6")),
     Bench("agent", "agent_overhead.py", "step time with a viewer attached; latency; 16 agents",
           ("--blocks", "12"), ("--blocks", "2", "--steps", "12", "--parts", "12",
                                "--seconds", "3"),
           smoke=("--blocks", "1", "--steps", "6", "--parts", "12", "--seconds", "1.5")),
     Bench("record", "record_overhead.py", "step time while recording to a session file",
-          ("--blocks", "8"), ("--blocks", "2", "--steps", "12", "--hours", "0.03")),
+          ("--blocks", "8"), ("--blocks", "2", "--steps", "12", "--hours", "0.03"),
+          smoke=("--blocks", "1", "--steps", "6", "--hours", "0.01")),
     Bench("census", "census_speed.py", "census of 100k tensors among 1M objects",
           (), ("--tensors", "20000", "--objects", "200000", "--repeat", "1")),
     Bench("reopen", "reopen_window.py", "reopening a recorded week in the window",
@@ -78,10 +80,11 @@ BENCHES = (
     Bench("tune", "tune_search.py", "batch-size search vs Lightning and Accelerate",
           (), ("--quick",), smoke=("--quick", "--seeds", "1", "--cases", "1")),
     Bench("peers", "peers.py", "the CNN loop under memray, Scalene, memory_profiler, memlab",
-          ("--rounds", "3"), ("--rounds", "1", "--steps", "20")),
+          ("--rounds", "3"), ("--rounds", "1", "--steps", "20"),
+          smoke=("--rounds", "1", "--steps", "6")),
     Bench("ssh", "ssh_attach.py", "attaching over SSH: latency, 16 ranks' ssh CPU",
           (), ("--rounds", "1", "--seconds", "3", "--agents", "4"), needs="sshd",
-          smoke=("--rounds", "1", "--seconds", "1.5", "--agents", "2")),
+          smoke=("--rounds", "1", "--seconds", "1.5", "--agents", "2", "--settle", "1.5")),
 )  # fmt: skip
 
 

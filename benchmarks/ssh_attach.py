@@ -100,7 +100,7 @@ def cpu_of(procs: list[psutil.Process]) -> float:
     return total
 
 
-def fleet(node, n: int, seconds: float) -> None:
+def fleet(node, n: int, seconds: float, settle: float = 5.0) -> None:
     launcher = subprocess.Popen([sys.executable, "-c", FLEET, str(SERVED), str(n)], env=node.env())
     try:
         deadline = time.monotonic() + 240
@@ -110,7 +110,7 @@ def fleet(node, n: int, seconds: float) -> None:
         session = Session()
         run = AttachedRun(session, launcher.pid, hosts=[SshHost(node.alias, REMOTE)])
         run.connect()
-        time.sleep(5.0)  # past the replays
+        time.sleep(settle)  # past the replays: their burst is not the steady cost
         (tunnel,) = run.tunnels
         client = psutil.Process(tunnel.proc.pid)
         # The sshd processes serving the tunnel: children of the node's sshd.
@@ -145,6 +145,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--agents", type=int, default=16)
     p.add_argument("--parts", default="12")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=5.0,
+        help="seconds between attaching the fleet and measuring (5)",
+    )
     args = p.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ.setdefault("TORCHMEM_RUNTIME_DIR", tempfile.mkdtemp(prefix="tm-bench-"))
@@ -158,7 +164,7 @@ def main() -> None:
         if "1" in args.parts:
             latency(node, args.rounds, args.seconds)
         if "2" in args.parts:
-            fleet(node, args.agents, args.seconds * 2)
+            fleet(node, args.agents, args.seconds * 2, args.settle)
     finally:
         cluster.stop()
 
