@@ -47,6 +47,7 @@ def test_the_smoke_benchmark_run_reports_every_benchmark_in_one_table(tmp_path):
         "cold start: command to first drawn frame",
         "window RSS after a simulated week",
         "snapshot: reopen from the index",
+        "snapshot: the window's plot panned",
         "tuning, torchmem (fit + verify): trials / OOMs / worst found",
     ):
         assert figure in out, f"{figure!r} missing from:\n{out}"
