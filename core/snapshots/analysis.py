@@ -204,12 +204,13 @@ def segments(index: SnapshotIndex, device: int) -> SegmentSummary:
 
 
 def category_curves(
-    index: SnapshotIndex, device: int, max_points: int = 4000
+    index: SnapshotIndex, device: int, max_points: int = 4000, line: Timeline | None = None
 ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
     """Active bytes of ``device`` per category after each event, thinned to at most
     ``max_points`` points that keep each bucket's highest total (a peak is never drawn
-    lower than it was): (times, bytes by category, the event rows kept)."""
-    line = timeline(index, device)
+    lower than it was): (times, bytes by category, the event rows kept). ``line``: the
+    device's :func:`timeline`, where the caller has it already."""
+    line = line if line is not None else timeline(index, device)
     rows = line.events
     if not len(rows):
         return np.zeros(0), {c: np.zeros(0) for c in CATEGORIES}, rows
@@ -217,15 +218,15 @@ def category_curves(
     stack_cat = np.array(
         [code[category(s)] for s in index.stacks] + [code["other"]], dtype=np.int8
     )  # the last entry: events without a stack (-1)
-    cats = stack_cat[index.ev_stack[rows]]
-    action = index.ev_action[rows]
-    sizes = index.ev_size[rows]
-    delta = np.where(action == ALLOC, sizes, 0) - np.where(
-        (action == FREE_COMPLETED) | (action == FREE), sizes, 0
-    )
+    # One device holds every row: its columns whole, no gather of ten million.
+    stacks = index.ev_stack if len(rows) == len(index.ev_stack) else index.ev_stack[rows]
+    cats = stack_cat[stacks]
+    # What each event changed: the timeline is their running sum from the initial bytes.
+    delta = np.diff(line.active, prepend=line.initial)
     # A free's own frames are empty: it takes the category of the alloc it ends.
     owners = np.full(len(index.ev_time), -1, dtype=np.int32)
-    owners[index.al_end[index.al_end < len(owners)]] = index.al_stack[index.al_end < len(owners)]
+    ended = index.al_end < len(owners)
+    owners[index.al_end[ended]] = index.al_stack[ended]
     freed = delta < 0
     cats[freed] = stack_cat[owners[rows[freed]]]
     if index.tensor_names:  # a census's kind beats the stack's guess, alloc and free alike
@@ -239,9 +240,16 @@ def category_curves(
         cats = np.where(named[rows] >= 0, named[rows], cats)
     keep = thin(line.active, max_points)
     initial = by_category(index, np.flatnonzero((index.al_device == device) & (index.al_start < 0)))
-    curves = {}
-    for c, i in code.items():
-        curves[c] = (initial[c] + np.cumsum(np.where(cats == i, delta, 0)))[keep]
+    # Each category's total at the kept points only: its changes summed over the stretch
+    # that ends at each kept point, then the stretches added up. A running sum of every
+    # event for every category took 1.3 s at ten million events.
+    starts = np.r_[0, keep[:-1] + 1]
+    present = np.bincount(cats, minlength=len(CATEGORIES))
+    curves = {
+        c: initial[c] + np.cumsum(np.add.reduceat(np.where(cats == i, delta, 0), starts))
+        if present[i] else np.full(len(keep), initial[c], dtype=np.int64)
+        for c, i in code.items()
+    }  # fmt: skip
     return line.time_us[keep], curves, rows[keep]
 
 

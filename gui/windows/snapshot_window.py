@@ -229,7 +229,7 @@ class SnapshotWindow(QMainWindow):
     def _show_device(self) -> None:
         index, device = self.index, self.device
         self.line = analysis.timeline(index, device)
-        times, curves, _ = analysis.category_curves(index, device)
+        times, curves, _ = analysis.category_curves(index, device, line=self.line)
         self.t0 = int(self.line.time_us[0]) if len(self.line.time_us) else 0
         x = (times - self.t0) / 1e6
         self.plot.clear()
