@@ -278,8 +278,8 @@ def main() -> None:
         ("reading worker (pickle, no compiler): time", pickled_time, ""),
         ("reading worker (pickle, no compiler): peak RSS", pickled_rss, ""),
         ("index + timeline + live set: peak RSS", format_bytes(view_peak), "<= 1.5 GiB"),
-        ("the window's plot panned, a tenth in view", f"{fps:.0f} frames/s", ">= 60"),
         ("  of which Python + torchmem alone", format_bytes(base_peak), ""),
+        ("the window's plot panned, a tenth in view", f"{fps:.0f} frames/s", ">= 60"),
         ("pickle.load of the whole file: peak RSS", load_rss, "memory_viz's way"),
         ("pickle.load of the whole file: time", load_time, ""),
     ]

@@ -406,23 +406,42 @@ static int32_t frame_of(Scan *sc, const Val **f, int exact) {
     return intern_frame(sc, name, file, line && line->kind == V_INT ? line->u.i : -1);
 }
 
+/* The container `v` when it is a plain `type` still to be read as `role`; else NULL, and
+ * *id is what it reads as: its id when it was read already (as `kind`, or its record
+ * as `role`), -1 when it cannot be one. */
+static Obj *to_read(Scan *sc, Val v, int kind, int type, int role, int32_t *id) {
+    Obj *o = obj_of(sc, v);
+    *id = -1;
+    if (v.kind == kind)
+        *id = v.u.obj;
+    else if (o && o->type == type && o->role == role)
+        *id = o->summary;
+    else if (o && o->type == type && o->role == R_PLAIN)
+        return o;
+    return NULL;
+}
+
+/* Record that container `o` reads as `id` (its `role`'s), freeing its items unless the
+ * tree must get it back whole. */
+static int32_t settle_obj(Obj *o, int role, int32_t id, int keep_items) {
+    if (!keep_items) obj_drop_items(o);
+    o->role = (uint8_t)role;
+    o->summary = id;
+    return id;
+}
+
 /* The frame id of a frame dict ({name, filename, line}); -1 if `v` is not one. */
 static int32_t frame_id(Scan *sc, Val v) {
-    if (v.kind == V_FRAME) return v.u.obj;
-    Obj *o = obj_of(sc, v);
-    if (!o || o->type != O_DICT) return -1;
-    if (o->role == R_FRAME) return o->summary;
-    if (o->role != R_PLAIN) return -1;
+    int32_t id;
+    Obj *o = to_read(sc, v, V_FRAME, O_DICT, R_FRAME, &id);
+    if (!o) return id;
     const Val *f[N_KEYS];
     fields(sc, o->items, (size_t)o->n, f);
-    int32_t id = frame_of(sc, f, 0);
+    id = frame_of(sc, f, 0);
     if (id < 0) return id;
     /* Keep the items when the dict has more than a frame's three keys: nothing else
      * reads them, but a plain dict elsewhere in the tree should come back whole. */
-    if (o->n == 6) obj_drop_items(o);
-    o->role = R_FRAME;
-    o->summary = id;
-    return id;
+    return settle_obj(o, R_FRAME, id, o->n != 6);
 }
 
 typedef struct {
@@ -470,12 +489,10 @@ static int32_t intern_stack(Scan *sc, const Val *items, size_t n) {
 /* The stack id of a frames list; -1 for none (no list, empty, or not frames); -2 when
  * out of memory. */
 static int32_t stack_id(Scan *sc, Val v) {
-    if (v.kind == V_STACK) return v.u.obj;
-    Obj *o = obj_of(sc, v);
-    if (!o || o->type != O_LIST) return -1;
-    if (o->role == R_STACK) return o->summary;
-    if (o->role != R_PLAIN) return -1;
-    int32_t id = intern_stack(sc, o->items, (size_t)o->n);
+    int32_t id;
+    Obj *o = to_read(sc, v, V_STACK, O_LIST, R_STACK, &id);
+    if (!o) return id;
+    id = intern_stack(sc, o->items, (size_t)o->n);
     if (id < 0) return id;
     /* Keep the items when a frame dict has more than a frame's keys: the list should
      * come back whole where the tree holds it too (a block's frames). */
@@ -484,10 +501,7 @@ static int32_t stack_id(Scan *sc, Val v) {
         Obj *f = obj_of(sc, o->items[i]);
         whole = !f || f->items == NULL;
     }
-    if (whole) obj_drop_items(o);
-    o->role = R_STACK;
-    o->summary = id;
-    return id;
+    return settle_obj(o, R_STACK, id, !whole);
 }
 
 static int64_t int_or(const Val *v, int64_t otherwise) {
@@ -553,9 +567,7 @@ static int emit_event(Scan *sc, Obj *o, const Val **f, int32_t list) {
     if (o->role == R_EVENT) return place_row(sc, o->summary, list); /* appended again */
     int32_t row;
     if (add_row(sc, f, list, &row) < 0) return -1;
-    obj_drop_items(o);
-    o->role = R_EVENT;
-    o->summary = row;
+    settle_obj(o, R_EVENT, row, 0);
     return 0;
 }
 
