@@ -60,7 +60,7 @@ BENCHES = (
     Bench("agent", "agent_overhead.py", "step time with a viewer attached; latency; 16 agents",
           ("--blocks", "12"), ("--blocks", "2", "--steps", "12", "--parts", "12",
                                "--seconds", "3"),
-          smoke=("--blocks", "1", "--steps", "6", "--parts", "12", "--seconds", "1.5")),
+          smoke=("--blocks", "1", "--steps", "6", "--parts", "12", "--seconds", "1.2")),
     Bench("record", "record_overhead.py", "step time while recording to a session file",
           ("--blocks", "8"), ("--blocks", "2", "--steps", "12", "--hours", "0.03"),
           smoke=("--blocks", "1", "--steps", "6", "--hours", "0.01")),
@@ -78,13 +78,14 @@ BENCHES = (
     Bench("snapshot", "snapshot_open.py", "opening a memory snapshot of 1 GiB and more",
           (), ("--events", "100000")),
     Bench("tune", "tune_search.py", "batch-size search vs Lightning and Accelerate",
-          (), ("--quick",), smoke=("--quick", "--seeds", "1", "--cases", "1")),
+          (), ("--quick",),
+          smoke=("--quick", "--seeds", "1", "--cases", "1", "--real", "accelerate")),
     Bench("peers", "peers.py", "the CNN loop under memray, Scalene, memory_profiler, memlab",
           ("--rounds", "3"), ("--rounds", "1", "--steps", "20"),
           smoke=("--rounds", "1", "--steps", "6")),
     Bench("ssh", "ssh_attach.py", "attaching over SSH: latency, 16 ranks' ssh CPU",
           (), ("--rounds", "1", "--seconds", "3", "--agents", "4"), needs="sshd",
-          smoke=("--rounds", "1", "--seconds", "1.5", "--agents", "2", "--settle", "1.5")),
+          smoke=("--rounds", "1", "--seconds", "1.2", "--agents", "2", "--settle", "0.5")),
 )  # fmt: skip
 
 

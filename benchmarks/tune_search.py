@@ -235,13 +235,16 @@ STRATEGIES: dict[str, Callable[[Trials, int], int]] = {
 }
 
 
-def real_peers() -> dict[str, Callable[[Trials, int], int]]:
+def real_peers(which: str = "all") -> dict[str, Callable[[Trials, int], int]]:
     """The peers' own finders where they are installed (``pip install lightning
-    accelerate``): the same simulated runs, fed to their code."""
+    accelerate``): the same simulated runs, fed to their code. ``which``: "all",
+    "accelerate" (Lightning's import and Trainers take most of a quick run) or "none"."""
     import importlib.util
 
     found: dict[str, Callable[[Trials, int], int]] = {}
-    if importlib.util.find_spec("lightning") is not None:
+    if which == "none":
+        return found
+    if which == "all" and importlib.util.find_spec("lightning") is not None:
         import lightning
 
         found[f"Lightning {lightning.__version__} power (real)"] = real_lightning("power")
@@ -320,6 +323,10 @@ def main() -> None:
     p.add_argument("--cap", type=int, default=4096, help="largest size allowed (4096)")
     p.add_argument("--seeds", type=int, help="seeds per case (20; 3 with --quick)")
     p.add_argument("--cases", type=int, default=len(CASES), help="the first N cases (all)")
+    p.add_argument(
+        "--real", choices=("all", "accelerate", "none"), default="all",
+        help="which peers also run as their own code, where installed (all)",
+    )  # fmt: skip
     args = p.parse_args()
     seeds = range(args.seeds or (3 if args.quick else 20))
     cases = CASES[: max(1, args.cases)]
@@ -336,8 +343,8 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     totals: dict[str, list[tuple[float, float, float]]] = {}
-    peers = real_peers()
-    if not peers:
+    peers = real_peers(args.real)
+    if not peers and args.real == "all":
         print("(the peers' own finders are not installed: pip install lightning accelerate)")
     for case in cases:
         truth = case.true_max(args.cap)

@@ -105,16 +105,20 @@ def random_snapshot(events: int, seed: int = 0) -> dict[str, Any]:
     next_addr = 1 << 30
     for addr in range(64):  # live before the trace began
         live[(1 << 20) + addr * 4096] = rng.randrange(512, 1 << 16)
+    addrs = list(live)  # the live addresses, to pick one in constant time
     t = 0
     while len(trace) < events:
         t += rng.randrange(1, 50)
-        if live and rng.random() < 0.48:
-            addr = rng.choice(list(live))
+        if addrs and rng.random() < 0.48:
+            i = rng.randrange(len(addrs))
+            addrs[i], addrs[-1] = addrs[-1], addrs[i]
+            addr = addrs.pop()
             trace += free(addr, live.pop(addr), t)
         else:
             size = rng.randrange(512, 1 << 22)
             next_addr += size + 512
             live[next_addr] = size
+            addrs.append(next_addr)
             trace.append(alloc(next_addr, size, t, rng.choice(stacks)))
     segments = [segment(a, [(a, s, "active_allocated")]) for a, s in live.items()]
     return {"segments": segments, "device_traces": [trace]}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -274,3 +276,23 @@ def test_a_burst_between_two_samples_is_the_rss_peak_from_the_kernel():
     # A job's total is a sum of processes: the sum of their peaks is not its peak.
     session.submit(Sample(0.2, {"total/cpu/rss": 1.0, "total/cpu/rss_peak": 5.0}))
     assert session.latest()["total/cpu/rss"][1] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("collector", ["enabled", "disabled"])
+def test_discovering_accelerators_leaves_the_scripts_garbage_collector_as_it_was(collector):
+    # The sampler imports torch with the collector paused (it starts faster); a script
+    # whose collector came back disabled would keep every cycle it makes.
+    code = (
+        "import gc, sys\n"
+        "from torchmem.probe.backends import discover_backends\n"
+        "if sys.argv[1] == 'disabled': gc.disable()\n"
+        "discover_backends()\n"
+        "assert 'torch' in sys.modules\n"
+        "print('enabled' if gc.isenabled() else 'disabled')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, collector], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [collector]

@@ -28,6 +28,7 @@ import sys
 from typing import Any
 
 from torchmem.lab.measure import Job, Row, measure
+from torchmem.probe.torch_import import import_torch
 from torchmem.sources.children import signal_name
 
 
@@ -98,7 +99,7 @@ def private_results() -> Any:
 def main() -> None:
     """Serve jobs from stdin until it closes."""
     results = private_results()
-    import torch  # noqa: F401 - imported once here, so that each child starts at once
+    import_torch()  # imported once here, so that each child starts at once
 
     from torchmem.lab.measure import warm_up
 

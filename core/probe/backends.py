@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from torchmem.probe.heap import heap_free_reader
+from torchmem.probe.torch_import import import_torch
 from torchmem.probe.workers import workers_memory
 
 
@@ -420,7 +421,7 @@ def accelerator_backends(pid: int | None = None) -> list[MemoryBackend]:
     """The accelerators torch has here (CUDA with NVML beside it, XPU, MPS); none without
     torch. Imports torch: a window calls it only once a script needs torch anyway."""
     try:
-        import torch
+        torch = import_torch()
     except ImportError:
         return []
     backends: list[MemoryBackend] = []

@@ -45,6 +45,7 @@ from typing import Any
 
 from torchmem.probe.parent_watch import ParentWatch
 from torchmem.probe.runner import EXIT_STOPPED
+from torchmem.probe.torch_import import import_torch
 from torchmem.tuning.trial import substitute
 
 #: Each fake size is this many times the one before.
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     # Ends with the search that started it, whatever ended that (a closed window).
     ParentWatch.from_environment(lambda: os._exit(EXIT_STOPPED))
+    import_torch()
     script = str(Path(opts.script).resolve())
     sys.path.insert(0, os.path.dirname(script))  # as `python train.py` would
     started = time.monotonic()
