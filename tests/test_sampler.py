@@ -280,19 +280,30 @@ def test_a_burst_between_two_samples_is_the_rss_peak_from_the_kernel():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("collector", ["enabled", "disabled"])
-def test_discovering_accelerators_leaves_the_scripts_garbage_collector_as_it_was(collector):
-    # The sampler imports torch with the collector paused (it starts faster); a script
-    # whose collector came back disabled would keep every cycle it makes.
+def test_torch_and_the_first_optimizer_leave_the_scripts_garbage_collector_as_it_was(collector):
+    # torchmem imports torch, and lets the script import torch._dynamo (its first
+    # optimizer does), with the collector paused: they start sooner. A script whose
+    # collector came back disabled would keep every cycle it makes.
     code = (
         "import gc, sys\n"
         "from torchmem.probe.backends import discover_backends\n"
+        "from torchmem.probe.torch_import import pause_collector_for_lazy_imports\n"
         "if sys.argv[1] == 'disabled': gc.disable()\n"
+        "pause_collector_for_lazy_imports()\n"
         "discover_backends()\n"
-        "assert 'torch' in sys.modules\n"
+        "assert 'torch' in sys.modules and 'torch._dynamo' not in sys.modules\n"
+        "print('enabled' if gc.isenabled() else 'disabled')\n"
+        "import torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "before = model.weight.detach().clone()\n"
+        "optimizer = torch.optim.Adam(model.parameters(), lr=0.1)\n"
+        "model(torch.ones(2, 4)).sum().backward()\n"
+        "optimizer.step()\n"
+        "assert 'torch._dynamo' in sys.modules and not torch.equal(before, model.weight)\n"
         "print('enabled' if gc.isenabled() else 'disabled')\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, collector], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [collector]
+    assert out.stdout.split() == [collector, collector]

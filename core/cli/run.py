@@ -25,6 +25,7 @@ from torchmem.probe.backends import peak_rss
 from torchmem.probe.eval_watch import EvalWatch
 from torchmem.probe.parent_watch import ParentWatch
 from torchmem.probe.runner import EXIT_STOPPED
+from torchmem.probe.torch_import import pause_collector_for_lazy_imports
 from torchmem.record.recorder import start_recording
 from torchmem.record.store import RecordError
 from torchmem.report.summary import build_summary, step_time, write_summary
@@ -130,6 +131,7 @@ def run_headless(
     session = Session()
     if echo:
         session.subscribe(_say_notes)
+    pause_collector_for_lazy_imports()  # the script's first optimizer starts sooner
     source = InProcessSource(session, hz=hz)
     recorder = None
     if record:
