@@ -3,6 +3,7 @@ with a progress dialog, then the peak, the live set and the stacks."""
 
 from __future__ import annotations
 
+import numpy as np
 import psutil
 import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
@@ -181,3 +182,32 @@ def test_the_snapshot_command_opens_its_window_alone(qtbot, tmp_path):
     with qtbot.waitSignal(failed.done) as done:
         failed.failure_box.close()
     assert done.args == [1], "the command exits 1 once the reason is read"
+
+
+def test_zooming_in_draws_the_stretch_in_view_event_by_event(qtbot, make_window, tmp_path):
+    # The whole trace is thinned to 4,000 points; zoomed to a few hundred events, every
+    # one of them is drawn, with the stack's top at each event's exact active bytes.
+    window = make_window()
+    snap = open_snapshot(qtbot, window, write(tmp_path / "zoom.pickle", random_snapshot(60_000)))
+    line, vb = snap.line, snap.plot.plotItem.vb
+    top = snap.layers[-1][2]  # the uppermost band's upper edge: the total
+    whole = len(top.xData)
+    assert whole <= 4100 < len(line.time_us)
+    t = (line.time_us - snap.t0) / 1e6
+    a, b = 20_000, 20_200
+    vb.setXRange(t[a], t[b], padding=0)
+    qtbot.waitUntil(lambda: len(top.xData) < whole, timeout=5000)
+    x, y = top.xData, top.yData
+    inside = (t >= t[a]) & (t <= t[b])
+    drawn = (x >= t[a]) & (x <= t[b])
+    assert np.count_nonzero(drawn) == np.count_nonzero(inside) >= 200
+    assert y[drawn] * snap.scale == pytest.approx(line.active[inside], rel=1e-9)
+    # A pan of a fraction of the view stays within what was drawn: nothing is redone.
+    drawn_before = snap.drawn
+    vb.setXRange(t[a + 50], t[b + 50], padding=0)
+    snap.refit_timer.timeout.emit()  # the view has rested
+    assert snap.drawn == drawn_before and len(top.xData) < whole
+    # Back to the data's whole range (the plot's "A" button): the whole trace again.
+    vb.enableAutoRange()
+    qtbot.waitUntil(lambda: len(top.xData) == whole, timeout=5000)
+    assert snap.drawn is None

@@ -150,6 +150,41 @@ def test_the_stacked_timeline_adds_up_and_keeps_the_peak_when_thinned():
     assert curves["gradient"].max() == 8 * MiB and curves["activation"][-1] == 0
 
 
+def test_a_stretch_is_thinned_again_on_its_own_with_every_category_exact():
+    # What a zoom draws: any stretch of the trace, thinned to its own points, each
+    # category's bytes there equal to its running sum over every event before.
+    index = build_index(random_snapshot(30_000, 4))
+    stacked = analysis.stacked_curves(index, 0, max_points=800)
+    line = stacked.line
+    delta = np.diff(line.active, prepend=line.initial)
+    whole_rows = stacked.whole()[2]
+    first = np.searchsorted(line.events, whole_rows[0])
+    exact = {}
+    for i, c in enumerate(analysis.CATEGORIES):
+        mine = np.cumsum(np.where(stacked.codes == i, delta, 0))
+        exact[c] = stacked.totals[c][0] - mine[first] + mine  # the same start as the whole
+    rng = np.random.default_rng(2)
+    n = len(line.active)
+    widths = rng.choice([1, 50, 799, 5000, n], 40)
+    cases = [(0, 0), (n - 1, 5), (17, 300), *zip(rng.integers(0, n, 40), widths, strict=True)]
+    for lo, width in cases:
+        hi = min(n - 1, int(lo + width))
+        _, curves, rows = stacked.between(int(lo), hi, max_points=800)
+        at = np.searchsorted(line.events, rows)
+        assert at[0] == lo and at[-1] == hi and len(at) <= 1000
+        for c in analysis.CATEGORIES:
+            assert np.array_equal(curves[c], exact[c][at]), (lo, hi, c)
+        total = sum(curves.values())
+        assert np.array_equal(total, line.active[at])
+        assert total.max() == line.active[lo : hi + 1].max()  # the stretch's own peak
+    # 300 events: every one of them drawn, where the whole trace had a few.
+    _, _, rows = stacked.between(17, 316, max_points=800)
+    assert (
+        len(rows) == 300
+        and np.count_nonzero((whole_rows >= rows[0]) & (whole_rows <= rows[-1])) < 30
+    )
+
+
 def test_two_snapshots_compare_by_line_at_their_peaks(tmp_path):
     from snapshot_files import GRADIENT, alloc, frames, free
 

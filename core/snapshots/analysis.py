@@ -203,17 +203,75 @@ def segments(index: SnapshotIndex, device: int) -> SegmentSummary:
     )
 
 
-def category_curves(
+@dataclass(frozen=True)
+class StackedCurves:
+    """Active bytes of one device per category, ready to draw at any zoom: the whole
+    trace thinned once (:meth:`whole`), and any stretch of it thinned again at the same
+    resolution when the view narrows to it (:meth:`between`), so that a zoom shows the
+    stretch's own troughs and steps rather than the whole trace's few points in it."""
+
+    line: Timeline
+    #: Each of the line's events' category, as an index into CATEGORIES.
+    codes: np.ndarray
+    #: The positions in the line kept for the whole trace, and each category's bytes there.
+    keep: np.ndarray
+    totals: dict[str, np.ndarray]
+
+    def whole(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """(times, bytes by category, event rows) of the whole trace, thinned."""
+        return self.line.time_us[self.keep], self.totals, self.line.events[self.keep]
+
+    def between(
+        self, lo: int, hi: int, max_points: int = 4000
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """As :meth:`whole`, for the line's positions ``lo`` to ``hi`` (both included),
+        thinned to about ``max_points`` of their own. Costs the stretch's length, plus at
+        most one bucket of the whole trace before it (where its totals are known)."""
+        n = len(self.line.active)
+        lo, hi = max(0, lo), min(n - 1, hi)
+        if n == 0 or hi < lo:
+            return (
+                np.zeros(0),
+                {c: np.zeros(0, dtype=np.int64) for c in CATEGORIES},
+                np.zeros(0, dtype=np.int64),
+            )
+        points = lo + thin(self.line.active[lo : hi + 1], max_points)
+        # Every category's bytes at the first point: from the last whole-trace point at or
+        # before it, plus what the events between changed.
+        j = int(np.searchsorted(self.keep, points[0], side="right")) - 1
+        known = int(self.keep[j])
+        delta = self._deltas(known + 1, int(points[-1]) + 1)
+        codes = self.codes[known + 1 : int(points[-1]) + 1]
+        lead = int(points[0]) - known  # events from the known point to the first point
+        # The stretches that end at each later point (never empty: the points increase).
+        starts = points[:-1] + 1 - (known + 1)
+        curves = {}
+        for i, c in enumerate(CATEGORIES):
+            mine = np.where(codes == i, delta, 0)
+            first = int(self.totals[c][j]) + int(mine[:lead].sum())
+            rest = np.add.reduceat(mine, starts) if len(points) > 1 else np.zeros(0, np.int64)
+            curves[c] = first + np.r_[0, np.cumsum(rest)].astype(np.int64)
+        return self.line.time_us[points], curves, self.line.events[points]
+
+    def _deltas(self, start: int, stop: int) -> np.ndarray:
+        """What each event at positions ``start`` to ``stop - 1`` changed."""
+        active = self.line.active
+        before = active[start - 1] if start > 0 else self.line.initial
+        return np.diff(active[start:stop], prepend=before)
+
+
+def stacked_curves(
     index: SnapshotIndex, device: int, max_points: int = 4000, line: Timeline | None = None
-) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
-    """Active bytes of ``device`` per category after each event, thinned to at most
-    ``max_points`` points that keep each bucket's highest total (a peak is never drawn
-    lower than it was): (times, bytes by category, the event rows kept). ``line``: the
-    device's :func:`timeline`, where the caller has it already."""
+) -> StackedCurves:
+    """Active bytes of ``device`` per category after each event, thinned for the whole
+    trace to at most ``max_points`` points that keep each bucket's highest total (a peak
+    is never drawn lower than it was). ``line``: the device's :func:`timeline`, where the
+    caller has it already."""
     line = line if line is not None else timeline(index, device)
     rows = line.events
     if not len(rows):
-        return np.zeros(0), {c: np.zeros(0) for c in CATEGORIES}, rows
+        empty = np.zeros(0, dtype=np.int64)
+        return StackedCurves(line, np.zeros(0, np.int8), empty, {c: empty for c in CATEGORIES})
     code = {c: i for i, c in enumerate(CATEGORIES)}
     stack_cat = np.array(
         [code[category(s)] for s in index.stacks] + [code["other"]], dtype=np.int8
@@ -250,7 +308,15 @@ def category_curves(
         if present[i] else np.full(len(keep), initial[c], dtype=np.int64)
         for c, i in code.items()
     }  # fmt: skip
-    return line.time_us[keep], curves, rows[keep]
+    return StackedCurves(line, cats, keep, curves)
+
+
+def category_curves(
+    index: SnapshotIndex, device: int, max_points: int = 4000, line: Timeline | None = None
+) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    """(times, bytes by category, the event rows kept) of the whole trace: see
+    :func:`stacked_curves`."""
+    return stacked_curves(index, device, max_points, line).whole()
 
 
 def thin(values: np.ndarray, max_points: int) -> np.ndarray:

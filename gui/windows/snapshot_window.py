@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QComboBox,
@@ -57,6 +57,11 @@ COLUMNS = ("Allocated by", "Bytes", "Allocations", "Kind", "Tensors")
 NAMES_SHOWN = 3
 DIFF_COLUMNS = ("Allocated by", "Here", "Compared", "Change", "Kind")
 MiB = 1 << 20
+#: Points drawn per curve, for the whole trace or the stretch in view.
+POINTS = 4000
+#: How long the view must rest after a zoom or pan before the curves are thinned again
+#: for what it shows (ms): a pan is drawn from the pixmaps meanwhile.
+REFIT_MS = 150
 
 
 def _cached(item: QGraphicsItem) -> QGraphicsItem:
@@ -66,6 +71,15 @@ def _cached(item: QGraphicsItem) -> QGraphicsItem:
     the zoom changes."""
     item.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
     return item
+
+
+def _positions(times: np.ndarray, start_us: float, end_us: float) -> tuple[int, int]:
+    """The first and last positions of sorted ``times`` that a view from ``start_us`` to
+    ``end_us`` needs: those inside it, and one more on each side, so that the curves
+    reach the view's edges."""
+    lo = int(np.searchsorted(times, start_us, side="left")) - 1
+    hi = int(np.searchsorted(times, end_us, side="right"))
+    return max(lo, 0), min(hi, len(times) - 1)
 
 
 class SnapshotLoader(Worker):
@@ -157,6 +171,16 @@ class SnapshotWindow(QMainWindow):
         self.region.sigRegionChangeFinished.connect(self._on_region)
         self.moment_line = pg.InfiniteLine(angle=90, pen=pg.mkPen("#d62728", width=2))
         self.plot.scene().sigMouseClicked.connect(self._on_click)
+        # Zoomed in, the curves are thinned again for the stretch in view, once the view
+        # rests: the whole trace's 4,000 points leave a tenth of it 400.
+        self.layers: list[tuple[str, pg.PlotCurveItem, pg.PlotCurveItem]] = []
+        self.compared: tuple[analysis.Timeline, int, pg.PlotCurveItem] | None = None
+        self.drawn: tuple[int, int] | None = None  # the line's positions drawn; None: all
+        self.refit_timer = QTimer(self)
+        self.refit_timer.setSingleShot(True)
+        self.refit_timer.setInterval(REFIT_MS)
+        self.refit_timer.timeout.connect(self._refit)
+        self.plot.plotItem.vb.sigXRangeChanged.connect(self.refit_timer.start)
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -229,9 +253,9 @@ class SnapshotWindow(QMainWindow):
     def _show_device(self) -> None:
         index, device = self.index, self.device
         self.line = analysis.timeline(index, device)
-        times, curves, _ = analysis.category_curves(index, device, line=self.line)
+        self.stacked = analysis.stacked_curves(index, device, POINTS, line=self.line)
+        times, curves, _ = self.stacked.whole()
         self.t0 = int(self.line.time_us[0]) if len(self.line.time_us) else 0
-        x = (times - self.t0) / 1e6
         self.plot.clear()
         if self.plot.plotItem.legend is not None:
             self.plot.plotItem.legend.clear()
@@ -239,17 +263,18 @@ class SnapshotWindow(QMainWindow):
         unit = auto_unit(self.line.peak[0]) if self.line.peak[0] >= MiB else "MiB"
         self.scale = UNITS[unit]
         self.plot.setLabel("left", f"active memory ({unit})")
-        below = np.zeros(len(x))
+        self.layers, self.compared, self.drawn = [], None, None
         for cat, color in CATEGORY_COLORS.items():
-            above = below + curves[cat] / self.scale
             if curves[cat].any():
-                low = pg.PlotCurveItem(x, below, pen=pg.mkPen(color, width=0))
-                high = pg.PlotCurveItem(x, above, pen=pg.mkPen(color, width=1), name=cat)
+                low = pg.PlotCurveItem(pen=pg.mkPen(color, width=0))
+                high = pg.PlotCurveItem(pen=pg.mkPen(color, width=1), name=cat)
                 fill = pg.mkColor(color)
                 fill.setAlpha(170)
                 self.plot.addItem(_cached(pg.FillBetweenItem(low, high, brush=pg.mkBrush(fill))))
                 self.plot.addItem(_cached(high))
-            below = above
+                self.layers.append((cat, low, high))
+        self._draw_layers(times, curves)
+        x = (times - self.t0) / 1e6
         seg = analysis.segments(index, device)
         self.end_segments = (
             f"At the end: {seg.segments} segments, {format_bytes(seg.reserved)} reserved, "
@@ -346,17 +371,16 @@ class SnapshotWindow(QMainWindow):
         self.other = other
         device = self.device if self.device in other.devices else min(other.devices or [0])
         line = analysis.timeline(other, device)
-        keep = analysis.thin(line.active, 4000)
         start = int(line.time_us[0]) if len(line.time_us) else 0
         name = Path(other.meta.get("file", "other")).name
         curve = pg.PlotCurveItem(
-            (line.time_us[keep] - start) / 1e6,
-            line.active[keep] / self.scale,
             # In the text colour: white vanished above the stacked areas on a light palette.
             pen=pg.mkPen(self.palette().color(QPalette.Text), width=2, style=Qt.DashLine),
             name=f"compared: {name}",
         )
         self.plot.addItem(_cached(curve))
+        self.compared = (line, start, curve)
+        self._draw_compared(None)
         mine, theirs, diffs = analysis.compare_peaks(self.index, other, device)
         self.diff_table.setRowCount(len(diffs))
         for row, d in enumerate(diffs):
@@ -375,6 +399,60 @@ class SnapshotWindow(QMainWindow):
             f"Peak active: {format_bytes(mine)} here, {format_bytes(theirs)} in {name} "
             f"({format_bytes(theirs - mine, signed=True)})"
         )
+
+    def _draw_layers(self, times: np.ndarray, curves: dict[str, np.ndarray]) -> None:
+        """The stacked bands at ``times`` (µs), each category on those below it."""
+        x = (times - self.t0) / 1e6
+        below = np.zeros(len(x))
+        for cat, low, high in self.layers:
+            above = below + curves[cat] / self.scale
+            low.setData(x, below)
+            high.setData(x, above)
+            below = above
+
+    def _draw_compared(self, window: tuple[float, float] | None) -> None:
+        """The compared snapshot's curve: whole, or thinned for ``window`` (seconds since
+        its first event, a view's width more each side)."""
+        if self.compared is None:
+            return
+        line, start, curve = self.compared
+        lo, hi = 0, len(line.active) - 1
+        if window is not None:
+            lo, hi = _positions(line.time_us, start + window[0] * 1e6, start + window[1] * 1e6)
+        keep = lo + analysis.thin(line.active[lo : hi + 1], POINTS)
+        curve.setData((line.time_us[keep] - start) / 1e6, line.active[keep] / self.scale)
+
+    @Slot()
+    def _refit(self) -> None:
+        """Thin the curves again for the stretch in view, once the view rests after a zoom
+        or pan: a view's width more on each side, so that a short pan needs nothing new.
+        Where the view shows most of the trace, or follows the data (auto range), the
+        whole trace is drawn."""
+        n = len(self.line.time_us)
+        if n <= POINTS and self.compared is None:
+            return  # every event is drawn already
+        vb = self.plot.plotItem.vb
+        x0, x1 = vb.viewRange()[0]
+        width = x1 - x0
+        seen = _positions(self.line.time_us, self.t0 + x0 * 1e6, self.t0 + x1 * 1e6)
+        wanted = _positions(
+            self.line.time_us, self.t0 + (x0 - width) * 1e6, self.t0 + (x1 + width) * 1e6
+        )
+        follows = bool(vb.autoRangeEnabled()[0])
+        if follows or wanted[1] - wanted[0] + 1 >= n // 2:
+            if self.drawn is not None:
+                self.drawn = None
+                self._draw_layers(*self.stacked.whole()[:2])
+                self._draw_compared(None)
+            return
+        if self.drawn is not None:
+            lo, hi = self.drawn
+            inside = lo <= seen[0] and seen[1] <= hi
+            if inside and hi - lo < 4 * (seen[1] - seen[0] + 1):
+                return  # what is drawn covers the view, at enough points for it
+        self.drawn = wanted
+        self._draw_layers(*self.stacked.between(*wanted, POINTS)[:2])
+        self._draw_compared((x0 - width, x1 + width))
 
     @Slot(int, int, int, int)
     def _show_stack(self, row: int, *_: int) -> None:
