@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -71,6 +72,31 @@ def test_every_pickle_protocol_opens_and_the_index_is_reused(tmp_path, protocol)
     assert index_path(path).exists()
     again = open_snapshot(path, isolated=False)  # from the index: nothing read again
     assert np.array_equal(again.ev_time, index.ev_time) and again.stacks == index.stacks
+
+
+def test_a_changed_snapshot_replaces_its_old_index_and_leftovers_go(tmp_path):
+    # An index is named by the file's size and time: without this, every change of a
+    # snapshot (written again at the same path) would leave half a GiB behind at 10 M
+    # events, and the zips of earlier versions would stay forever.
+    path = write(tmp_path / "snap.pickle", random_snapshot(2_000, 3))
+    twin = tmp_path / "elsewhere"
+    twin.mkdir()
+    twin_path = write(twin / "snap.pickle", small_snapshot())  # same name, another file
+    open_snapshot(path, isolated=False)
+    open_snapshot(twin_path, isolated=False)
+    old, kept = index_path(path), index_path(twin_path)
+    folder = old.parent
+    (folder / f"snap-{'0' * 16}.npz").write_bytes(b"PK")  # a version 1 index
+    (folder / f"{old.name}.tmp999999999").mkdir()  # a save whose process died
+    (folder / f"{old.name}.tmp{os.getpid()}").mkdir()  # a save still going on
+    write(path, random_snapshot(3_000, 4))
+    os.utime(path, ns=(1, 1))  # another time, whatever the clock's resolution
+    index = open_snapshot(path, isolated=False)
+    assert index.meta["events"] > 2_000
+    assert index_path(path).is_dir() and not old.exists()
+    assert kept.is_dir()  # the other file's index stays
+    left = sorted(p.name for p in folder.iterdir())
+    assert left == sorted([index_path(path).name, kept.name, f"{old.name}.tmp{os.getpid()}"])
 
 
 @pytest.mark.parametrize("damage", ["cut array", "bad facts", "no facts"])

@@ -4,15 +4,18 @@ worker process, with progress and cancel.
 The pickle's Python objects take several times the file's size; reading it in a child
 keeps the window's memory to the arrays it draws, and a file too big for the machine
 costs that child, never the window. The index lives in the sessions folder, named by
-the file's path, size and modification time, so a changed file is indexed again.
+the file's path, size and modification time, so a changed file is indexed again; the
+index of what it was is then removed (a ten-million-event index takes half a GiB).
 """
 
 from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +24,17 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.record.library import sessions_dir
-from torchmem.snapshots.index import ACTIONS, SnapshotIndex, build_index, index_scanned
+from torchmem.snapshots.index import (
+    ACTIONS,
+    EXTRA_FILE,
+    SnapshotIndex,
+    build_index,
+    index_scanned,
+)
 from torchmem.snapshots.names import match_names, read_names
 from torchmem.snapshots.read import SnapshotError, read_snapshot
 from torchmem.snapshots.scan import scan_snapshot
@@ -79,7 +90,32 @@ def index_snapshot(
             gc.enable()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     index.save(out)
+    drop_stale_indexes(Path(out), Path(path).resolve())
     return index
+
+
+def drop_stale_indexes(kept: Path, source: Path) -> None:
+    """Remove, beside the index ``kept`` of the snapshot file ``source``, the indexes no
+    version of torchmem reads any more: ``source``'s own from before it changed, the
+    zips that versions before the folders wrote (``.npz``), and the folders of saves
+    that died half-written. Indexes of other files stay, whether or not they exist."""
+    folder = kept.parent
+    for old in folder.glob("*.npz"):
+        old.unlink(missing_ok=True)
+    for half in folder.glob("*.index.tmp*"):
+        pid = half.name.rsplit(".tmp", 1)[1]
+        if not (pid.isdigit() and psutil.pid_exists(int(pid))):
+            shutil.rmtree(half, ignore_errors=True)
+    stem = kept.name.rsplit("-", 1)[0]  # the file's stem, then the file's key
+    for other in folder.glob(f"{stem}-*.index"):
+        if other == kept:
+            continue
+        try:
+            meta = json.loads((other / EXTRA_FILE).read_text())["meta"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours to judge: loading it rebuilds it if damaged
+        if isinstance(meta, dict) and meta.get("file") == str(source):
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _file_facts(path: str | Path, reader: str) -> dict[str, object]:
