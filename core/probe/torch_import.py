@@ -15,29 +15,17 @@ put back as it was, and whatever garbage the import left is collected by its nex
 
 from __future__ import annotations
 
-import gc
 import importlib.abc
 import importlib.machinery
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from torchmem.probe.collector import collector_paused
+
 #: Imported lazily by torch at a script's first optimizer (or FakeTensorMode): 1.1-1.4 s.
 LAZY_HEAVY = ("torch._dynamo",)
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic collector off for the block, then back as it was."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def import_torch() -> ModuleType:

@@ -213,6 +213,8 @@ class StackedCurves:
     line: Timeline
     #: Each of the line's events' category, as an index into CATEGORIES.
     codes: np.ndarray
+    #: Each category's bytes live before the trace began.
+    initial: dict[str, int]
     #: The positions in the line kept for the whole trace, and each category's bytes there.
     keep: np.ndarray
     totals: dict[str, np.ndarray]
@@ -230,34 +232,43 @@ class StackedCurves:
         n = len(self.line.active)
         lo, hi = max(0, lo), min(n - 1, hi)
         if n == 0 or hi < lo:
-            return (
-                np.zeros(0),
-                {c: np.zeros(0, dtype=np.int64) for c in CATEGORIES},
-                np.zeros(0, dtype=np.int64),
-            )
+            empty = np.zeros(0, dtype=np.int64)
+            return np.zeros(0), {c: empty for c in CATEGORIES}, empty
         points = lo + thin(self.line.active[lo : hi + 1], max_points)
-        # Every category's bytes at the first point: from the last whole-trace point at or
-        # before it, plus what the events between changed.
-        j = int(np.searchsorted(self.keep, points[0], side="right")) - 1
-        known = int(self.keep[j])
-        delta = self._deltas(known + 1, int(points[-1]) + 1)
-        codes = self.codes[known + 1 : int(points[-1]) + 1]
-        lead = int(points[0]) - known  # events from the known point to the first point
-        # The stretches that end at each later point (never empty: the points increase).
-        starts = points[:-1] + 1 - (known + 1)
-        curves = {}
-        for i, c in enumerate(CATEGORIES):
-            mine = np.where(codes == i, delta, 0)
-            first = int(self.totals[c][j]) + int(mine[:lead].sum())
-            rest = np.add.reduceat(mine, starts) if len(points) > 1 else np.zeros(0, np.int64)
-            curves[c] = first + np.r_[0, np.cumsum(rest)].astype(np.int64)
+        # Every category's bytes are known at the whole trace's last point before the
+        # first one (or before the trace): from there, what the events changed.
+        j = int(np.searchsorted(self.keep, points[0], side="left")) - 1
+        origin = int(self.keep[j]) if j >= 0 else -1
+        start = {c: int(self.totals[c][j]) for c in CATEGORIES} if j >= 0 else self.initial
+        stop = int(points[-1]) + 1
+        curves = _sums_at(
+            self.codes[origin + 1 : stop], _deltas(self.line, origin + 1, stop), start,
+            points - (origin + 1),
+        )  # fmt: skip
         return self.line.time_us[points], curves, self.line.events[points]
 
-    def _deltas(self, start: int, stop: int) -> np.ndarray:
-        """What each event at positions ``start`` to ``stop - 1`` changed."""
-        active = self.line.active
-        before = active[start - 1] if start > 0 else self.line.initial
-        return np.diff(active[start:stop], prepend=before)
+
+def _deltas(line: Timeline, start: int, stop: int) -> np.ndarray:
+    """What each event of ``line`` at positions ``start`` to ``stop - 1`` changed: the
+    timeline is their running sum from the initial bytes."""
+    before = line.active[start - 1] if start > 0 else line.initial
+    return np.diff(line.active[start:stop], prepend=before)
+
+
+def _sums_at(
+    codes: np.ndarray, delta: np.ndarray, start: dict[str, int], ends: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Each category's bytes at ``ends`` (increasing indices into ``codes`` and
+    ``delta``, the last one the last index): ``start``, plus its changes summed over the
+    stretch that ends at each point, then the stretches added up. A running sum of every
+    event for every category took 1.3 s at ten million events."""
+    starts = np.r_[0, ends[:-1] + 1]  # never empty: the first end is at 0 or after
+    present = np.bincount(codes, minlength=len(CATEGORIES))
+    return {
+        c: start[c] + np.cumsum(np.add.reduceat(np.where(codes == i, delta, 0), starts))
+        if present[i] else np.full(len(ends), start[c], dtype=np.int64)
+        for i, c in enumerate(CATEGORIES)
+    }  # fmt: skip
 
 
 def stacked_curves(
@@ -269,9 +280,11 @@ def stacked_curves(
     caller has it already."""
     line = line if line is not None else timeline(index, device)
     rows = line.events
+    initial = by_category(index, np.flatnonzero((index.al_device == device) & (index.al_start < 0)))
     if not len(rows):
         empty = np.zeros(0, dtype=np.int64)
-        return StackedCurves(line, np.zeros(0, np.int8), empty, {c: empty for c in CATEGORIES})
+        return StackedCurves(line, np.zeros(0, np.int8), initial, empty,
+                             {c: empty for c in CATEGORIES})  # fmt: skip
     code = {c: i for i, c in enumerate(CATEGORIES)}
     stack_cat = np.array(
         [code[category(s)] for s in index.stacks] + [code["other"]], dtype=np.int8
@@ -279,8 +292,7 @@ def stacked_curves(
     # One device holds every row: its columns whole, no gather of ten million.
     stacks = index.ev_stack if len(rows) == len(index.ev_stack) else index.ev_stack[rows]
     cats = stack_cat[stacks]
-    # What each event changed: the timeline is their running sum from the initial bytes.
-    delta = np.diff(line.active, prepend=line.initial)
+    delta = _deltas(line, 0, len(rows))
     # A free's own frames are empty: it takes the category of the alloc it ends.
     owners = np.full(len(index.ev_time), -1, dtype=np.int32)
     ended = index.al_end < len(owners)
@@ -297,18 +309,7 @@ def stacked_curves(
                     named[event] = code[tensor.category]
         cats = np.where(named[rows] >= 0, named[rows], cats)
     keep = thin(line.active, max_points)
-    initial = by_category(index, np.flatnonzero((index.al_device == device) & (index.al_start < 0)))
-    # Each category's total at the kept points only: its changes summed over the stretch
-    # that ends at each kept point, then the stretches added up. A running sum of every
-    # event for every category took 1.3 s at ten million events.
-    starts = np.r_[0, keep[:-1] + 1]
-    present = np.bincount(cats, minlength=len(CATEGORIES))
-    curves = {
-        c: initial[c] + np.cumsum(np.add.reduceat(np.where(cats == i, delta, 0), starts))
-        if present[i] else np.full(len(keep), initial[c], dtype=np.int64)
-        for c, i in code.items()
-    }  # fmt: skip
-    return StackedCurves(line, cats, keep, curves)
+    return StackedCurves(line, cats, initial, keep, _sums_at(cats, delta, initial, keep))
 
 
 def category_curves(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from torchmem.snapshots.scan import ScannedSnapshot
 
@@ -24,6 +25,8 @@ from torchmem.snapshots.scan import ScannedSnapshot
 INDEX_VERSION = 2
 #: The file of an index folder that holds its stacks, facts and version; written last.
 EXTRA_FILE = "extra.json"
+#: An index being saved is written beside its folder, named with this and the saver's pid.
+SAVING = ".tmp"
 #: The trace actions, by code (``free`` is torch 2.0's name of ``free_requested``).
 ACTIONS = (
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
@@ -86,7 +89,7 @@ class SnapshotIndex:
         stacks and facts in :data:`EXTRA_FILE`. The folder appears whole or not at all
         (written beside, then renamed); one already there is replaced."""
         path = Path(path)
-        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        tmp = path.with_name(f"{path.name}{SAVING}{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
@@ -320,3 +323,13 @@ def _mentioned(
         named = np.unique(ev[keys[at] == ev])
         out[order[np.isin(keys, named)]] = True
     return out
+
+
+def dead_saves(folder: Path) -> list[Path]:
+    """The half-written indexes in ``folder`` whose saving process is gone."""
+    dead = []
+    for half in folder.glob(f"*.index{SAVING}*"):
+        pid = half.name.rsplit(SAVING, 1)[1]
+        if not (pid.isdigit() and psutil.pid_exists(int(pid))):
+            dead.append(half)
+    return dead

@@ -10,7 +10,6 @@ index of what it was is then removed (a ten-million-event index takes half a GiB
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import os
@@ -24,8 +23,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
+from torchmem.probe.collector import collector_paused
 from torchmem.probe.parent_watch import PARENT_ENV
 from torchmem.record.library import sessions_dir
 from torchmem.snapshots.index import (
@@ -33,6 +31,7 @@ from torchmem.snapshots.index import (
     EXTRA_FILE,
     SnapshotIndex,
     build_index,
+    dead_saves,
     index_scanned,
 )
 from torchmem.snapshots.names import match_names, read_names
@@ -67,9 +66,7 @@ def index_snapshot(
     say = progress or (lambda share: None)
     # Millions of new containers and no garbage: the cyclic collector would walk them
     # again and again (it halves the time of a large file).
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         scanned = (
             scan_snapshot(path, ACTIONS, lambda share: say(share * READ_SHARE)) if native else None
         )
@@ -85,9 +82,6 @@ def index_snapshot(
                 lambda share: say(READ_SHARE + share * (1 - READ_SHARE)),
             )
             del data
-    finally:
-        if was_enabled:
-            gc.enable()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     index.save(out)
     drop_stale_indexes(Path(out), Path(path).resolve())
@@ -102,10 +96,8 @@ def drop_stale_indexes(kept: Path, source: Path) -> None:
     folder = kept.parent
     for old in folder.glob("*.npz"):
         old.unlink(missing_ok=True)
-    for half in folder.glob("*.index.tmp*"):
-        pid = half.name.rsplit(".tmp", 1)[1]
-        if not (pid.isdigit() and psutil.pid_exists(int(pid))):
-            shutil.rmtree(half, ignore_errors=True)
+    for half in dead_saves(folder):
+        shutil.rmtree(half, ignore_errors=True)
     stem = kept.name.rsplit("-", 1)[0]  # the file's stem, then the file's key
     for other in folder.glob(f"{stem}-*.index"):
         if other == kept:

@@ -13,7 +13,6 @@ alive (a tensor a user asks about is found again by :meth:`TensorInfo.alive`).
 
 from __future__ import annotations
 
-import gc
 import sys
 import time
 from collections.abc import Iterable
@@ -21,6 +20,7 @@ from itertools import compress
 from operator import not_
 from typing import Any
 
+from torchmem.probe.collector import collector_paused
 from torchmem.tensors.heap import objects_of_types
 from torchmem.tensors.model import (
     KIND_RANK,
@@ -56,13 +56,8 @@ def take_census(
     # allocations set off collections over the whole heap that cost more than the census
     # (1.3 s instead of 0.8 s for 100,000 tensors among a million objects). Collections
     # are deferred while it runs, never run by it.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return _take_census(torch, namespaces, exclude, step, referrers, started)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 #: Tensor types of torch.compile and export tracing: shapes and dtypes over a meta storage,

@@ -43,9 +43,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from torchmem.probe.collector import collector_paused
 from torchmem.probe.parent_watch import ParentWatch
 from torchmem.probe.runner import EXIT_STOPPED
-from torchmem.probe.torch_import import collector_paused, import_torch
 from torchmem.tuning.trial import substitute
 
 #: Each fake size is this many times the one before.
@@ -283,8 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     # Ends with the search that started it, whatever ended that (a closed window).
     ParentWatch.from_environment(lambda: os._exit(EXIT_STOPPED))
-    import_torch()
-    with collector_paused():  # FakeTensorMode imports it
+    with collector_paused():  # torch, and torch._dynamo that FakeTensorMode imports
         import torch._dynamo  # noqa: F401
     script = str(Path(opts.script).resolve())
     sys.path.insert(0, os.path.dirname(script))  # as `python train.py` would

@@ -274,7 +274,6 @@ class SnapshotWindow(QMainWindow):
                 self.plot.addItem(_cached(high))
                 self.layers.append((cat, low, high))
         self._draw_layers(times, curves)
-        x = (times - self.t0) / 1e6
         seg = analysis.segments(index, device)
         self.end_segments = (
             f"At the end: {seg.segments} segments, {format_bytes(seg.reserved)} reserved, "
@@ -284,8 +283,8 @@ class SnapshotWindow(QMainWindow):
         )
         self.plot.addItem(self.region)
         self.plot.addItem(self.moment_line)
-        if len(x):
-            self.region.setRegion((float(x[0]), float(x[-1])))
+        if len(self.line.time_us):  # the whole trace
+            self.region.setRegion((0.0, float(self.line.time_us[-1] - self.t0) / 1e6))
         peak, when, event = self.line.peak
         self.facts.setText(
             f"{index.meta.get('events', 0):,} events · peak active {format_bytes(peak)} at "
