@@ -181,3 +181,50 @@ def test_a_rank_that_dies_is_named_by_its_exception_not_by_torchruns_report():
     trial = failed_job_trial(stderr, 3.7)
     assert "Connection closed by peer" in trial.message, trial.message
     assert "error_file" not in trial.message and "exited with code 1" in trial.message
+
+
+#: torchrun's output when rank 1 died of a signal after its last step, as a CI trial
+#: showed it: no exception line, and a traceback frame whose path says "errors".
+ABORTED_AT_EXIT = (
+    "E1207 22:31:05.412000 4040 torch/distributed/elastic/multiprocessing/api.py:874] "
+    "failed (exitcode: -6) local_rank: 1 (pid: 4243) of binary: /usr/bin/python\n"
+    "Traceback (most recent call last):\n"
+    '  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/'
+    'errors/__init__.py", line 367, in wrapper\n'
+    "    return f(*args, **kwargs)\n"
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    "Root Cause (first observed failure):\n"
+    "[0]:\n"
+    "  rank      : 1 (local_rank: 1)\n"
+    "  exitcode  : -6 (pid: 4243)\n"
+    "  error_file: <N/A>\n"
+    "torchmem: torchrun… exited with code 1 after 8.9 s; 2 processes with torch\n"
+)
+
+
+def test_a_rank_ended_by_a_signal_is_named_with_it_not_by_a_traceback_frame():
+    trial = failed_job_trial(ABORTED_AT_EXIT, 8.9)
+    assert not trial.ok and "rank 1 was ended by SIGABRT" in trial.message, trial.message
+    assert "__init__.py" not in trial.message
+
+
+def test_a_job_that_fails_at_exit_after_every_rank_measured_its_steps_still_counts():
+    """Every rank reported its last step and its end; the launcher's exit code 1 came
+    from a rank's teardown: the batch was measured, so the trial counts and says so."""
+    plan = TrialPlan("torchrun", ("train.py",), "--batch-size", budget_bytes=4 * GiB, job=True)
+    ranks = [rank(0, peaks={"cpu_rss": 400 * MiB}), rank(1, peaks={"cpu_rss": 420 * MiB})]
+    summary = {"steps": 4, "ranks": ranks, "step_time_s": 0.2}
+    trial = measured_trial(plan, 1, 1, 820 * MiB, None, summary, ABORTED_AT_EXIT, 8.9)
+    assert trial.ok and trial.peak_bytes == 820 * MiB
+    assert "every rank made its 4 steps" in trial.message
+    assert "rank 1 was ended by SIGABRT" in trial.message
+    assert "after the measurement" in trial.message
+    # A rank that never reported its end may have died mid-step: not measured, a failure.
+    unfinished = [ranks[0], rank(1, run_status=None, message=None)]
+    summary["ranks"] = unfinished
+    trial = measured_trial(plan, 1, 1, 820 * MiB, None, summary, ABORTED_AT_EXIT, 8.9)
+    assert not trial.ok and "rank 1 was ended by SIGABRT" in trial.message
+    # So may a rank that finished short of the limit (the script ended first).
+    short = [ranks[0], {**ranks[1], "steps": 2}]
+    summary["ranks"] = short
+    assert not measured_trial(plan, 1, 1, 820 * MiB, None, summary, "", 8.9).ok

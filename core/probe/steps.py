@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchmem.events import Marker, MarkerKind
+from torchmem.probe.leave_together import leave_with_the_other_ranks
 
 _mark_sinks: list[Callable[[str], None]] = []
 _installed: list[StepTracker] = []
@@ -43,7 +44,8 @@ class StepLimitReached(SystemExit):
     """Ends a run with exit code 0 after its last allowed step (``torchmem run
     --max-steps N``, a script or each process of a COMMAND): a SystemExit, so a served
     interpreter exits as if the script had returned, running its ``finally`` blocks and
-    exit handlers, and a run in this process ends finished."""
+    exit handlers, and a run in this process ends finished. Each rank of a job first
+    waits for the others to reach their limit too (leave_together.py)."""
 
 
 class StepTracker:
@@ -110,6 +112,7 @@ class StepTracker:
             and self.steps >= self.limit
             and threading.get_ident() == self._target_thread
         ):
+            leave_with_the_other_ranks(self.limit)
             raise StepLimitReached(0)
         self.check_stop()
 

@@ -412,7 +412,16 @@ def measured_trial(
     status = summary.get("status")
     if status == "out of memory":
         return Trial(**base, ok=False, oom=True, message=str(summary.get("message", "")))
-    if code != 0:
+    after_measuring = ""
+    if code != 0 and plan.job and _every_rank_reached_the_limit(plan, summary):
+        # Each rank reported its last step measured and its exit: what failed came after
+        # (a rank's teardown), not the batch.
+        after_measuring = (
+            f"every rank made its {plan.steps + 1} steps, then the job exited with code "
+            f"{code}{_in_brackets(_launcher_cause(stderr.splitlines())[:200])}: a failure at "
+            "exit, after the measurement; the trial counts"
+        )
+    elif code != 0:
         return Trial(**base, ok=False, oom=False, message=_failure(plan, code, summary, stderr))
     if plan.job and not ranks:
         return Trial(
@@ -439,6 +448,7 @@ def measured_trial(
             "backward() was seen): a trial measures training steps",
         )
     note = "" if steps > plan.steps else f"only {steps} step(s) ran: the script ended first"
+    note = after_measuring or note
     if base["retry_steps"] >= THRASH_STEPS:
         note = (
             f"the allocator freed its cache and retried on {base['retry_steps']} consecutive "
@@ -446,6 +456,19 @@ def measured_trial(
             "run may fail; counted as not fitting"
         )
     return Trial(**base, ok=True, oom=False, message=note)
+
+
+def _in_brackets(text: str) -> str:
+    return f" ({text})" if text else ""
+
+
+def _every_rank_reached_the_limit(plan: TrialPlan, summary: dict[str, Any]) -> bool:
+    """True when each rank of a job trial reported that it finished at the step limit."""
+    rows = summary.get("ranks") or []
+    return bool(rows) and all(
+        row.get("run_status") == "finished" and int(row.get("steps") or 0) > plan.steps
+        for row in rows
+    )
 
 
 def worst_rank_peak(ranks: list[dict[str, Any]], field: str, device: str) -> int | None:
@@ -501,20 +524,56 @@ def _failure(plan: TrialPlan, code: int, summary: dict[str, Any], stderr: str) -
 #: Lines of torchrun's failure report that name no cause: a CI failure said only
 #: "(error_file: <N/A>)", the report's last line with "error" in it.
 _LAUNCHER_REPORT = ("error_file:", "elastic/errors.html", "ChildFailedError")
-_EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[\w.]*(Error|Exception)\b")
+_EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?([\w.]*(Error|Exception)\b|what\(\):)")
+#: A traceback's frame line: another CI failure said only ``File ".../errors/__init__.py",
+#: line 367, in wrapper``, whose path has "error" in it.
+_FRAME_LINE = re.compile(r'^(\[rank\d+\]:\s*)?File "')
+#: Where torchrun says which rank ended how: its report's ``rank : 1 (local_rank: 1)`` and
+#: ``exitcode : -6 (pid: 4242)``, or its log's ``failed (exitcode: -6) local_rank: 1``.
+_REPORT_RANK = re.compile(r"^rank\s*:\s*(\d+)")
+_REPORT_EXIT = re.compile(r"^exitcode\s*:\s*(-?\d+)")
+_LOG_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
 
 def _launcher_cause(lines: list[str]) -> str:
-    """The launcher's (or a rank's) last exception line in ``stderr``, else its last line
-    that mentions an error; torchmem's own lines and torchrun's report are not causes."""
+    """Why a job failed, from its ``stderr``: a rank's (or the launcher's) last exception
+    line or C++ ``what():``; else the rank and exit code torchrun reported (a rank that a
+    signal ended prints no exception); else the last line that mentions an error.
+    torchmem's own lines, torchrun's report boilerplate and traceback frames are never
+    causes."""
     candidates = [
         line.strip()
         for line in lines
         if not line.startswith("torchmem:") and not any(r in line for r in _LAUNCHER_REPORT)
     ]
+    candidates = [line for line in candidates if not _FRAME_LINE.match(line)]
     exceptions = [line for line in candidates if _EXCEPTION_LINE.match(line)]
-    errors = exceptions or [line for line in candidates if "error" in line.lower()]
+    if exceptions:
+        return exceptions[-1]
+    exited = _rank_exit(candidates)
+    if exited:
+        return exited
+    errors = [line for line in candidates if "error" in line.lower()]
     return errors[-1] if errors else ""
+
+
+def _rank_exit(lines: list[str]) -> str:
+    """``rank 1 exited with code -6 (SIGABRT)`` from torchrun's report or log, else ""."""
+    rank = None
+    for line in lines:
+        if m := _REPORT_RANK.match(line):
+            rank = m.group(1)
+        elif m := _REPORT_EXIT.match(line):
+            return _exit_words(rank, int(m.group(1)))
+        elif m := _LOG_EXIT.search(line):
+            return _exit_words(m.group(2), int(m.group(1)))
+    return ""
+
+
+def _exit_words(rank: str | None, code: int) -> str:
+    who = f"rank {rank}" if rank is not None else "a rank"
+    how = f"was ended by {signal_name(code)}" if code < 0 else f"exited with code {code}"
+    return f"{who} {how}"
 
 
 def _int(value: Any) -> int | None:
