@@ -550,6 +550,77 @@ def test_the_legend_wraps_to_the_width_and_never_widens_the_plots(qtbot):
     assert plot.legend.columnCount == 4
 
 
+def job_plot(qtbot, ranks: int):
+    """A trace plot of a job of ``ranks`` ranks, each with five host metrics, and their
+    total, at a default window's width."""
+    from torchmem.gui.plots.trace_plot import TracePlot
+    from torchmem.session import Session
+
+    session = Session()
+    plot = TracePlot(session)
+    qtbot.addWidget(plot)
+    plot.resize(1100, 560)
+    plot.show()
+    metrics = ("cpu/rss", "cpu/uss", "cpu/heap_free", "cpu/rss_peak", "system/available")
+    for i in range(20):
+        values = {f"rank{r}/{m}": (r + 1) * 4e8 + i * 1e6 for r in range(ranks) for m in metrics}
+        values["total/cpu/rss"] = sum(values[f"rank{r}/cpu/rss"] for r in range(ranks))
+        session.submit(Sample(i * 0.1, values))
+    plot.refresh(force=True)
+    QApplication.processEvents()
+    return plot
+
+
+def click_legend_entry(qtbot, plot, label: str) -> None:
+    """Click the sample beside ``label`` in the plot's legend, as a user would."""
+    from PySide6.QtCore import Qt
+
+    sample = next(s for s, text in plot.legend.items if text.text == label)
+    at = plot.mapFromScene(sample.sceneBoundingRect().center())
+    qtbot.mouseClick(plot.viewport(), Qt.MouseButton.LeftButton, pos=at)
+
+
+# QTest asks the view to accept the click; pyqtgraph's scene takes it without saying so.
+@pytest.mark.qt_log_ignore("Mouse event .* not accepted by receiving widget")
+def test_a_jobs_legend_lists_each_process_and_metric_once_and_each_switches_its_traces(qtbot):
+    """Entry per trace, 3 ranks made 16 entries and left the Host plot ~100 px; by process
+    and by metric they are 9, and the plot keeps most of the window."""
+    plot = job_plot(qtbot, 3)
+    labels = [text.text for _, text in plot.legend.items]
+    assert labels[:4] == ["rank 0", "rank 1", "rank 2", "total"]
+    metrics = ["process RSS", "process USS", "C heap free", "process peak RSS (kernel)",
+               "system available"]  # fmt: skip
+    assert sorted(labels[4:]) == sorted(metrics)
+    assert plot.plots["host"].sceneBoundingRect().height() > 300
+    shown = {"rank0/cpu/rss", "rank1/cpu/rss", "rank2/cpu/rss", "total/cpu/rss",
+             "rank0/cpu/uss", "rank1/cpu/uss", "rank2/cpu/uss"}  # fmt: skip
+    assert set(plot.visible_keys()) == shown  # the series hidden until asked for stay so
+
+    click_legend_entry(qtbot, plot, "process USS")  # a metric, in every process
+    assert set(plot.visible_keys()) == shown - {"rank0/cpu/uss", "rank1/cpu/uss", "rank2/cpu/uss"}
+    click_legend_entry(qtbot, plot, "rank 1")  # a process, every metric of it
+    assert set(plot.visible_keys()) == {"rank0/cpu/rss", "rank2/cpu/rss", "total/cpu/rss"}
+    click_legend_entry(qtbot, plot, "C heap free")  # shown where its process is on
+    assert {"rank0/cpu/heap_free", "rank2/cpu/heap_free"} <= set(plot.visible_keys())
+    assert "rank1/cpu/heap_free" not in plot.visible_keys()
+
+    # Choosing one rank in the window keeps what the legend switched off.
+    plot.set_scope("rank0")
+    assert set(plot.visible_keys()) == {"rank0/cpu/rss", "rank0/cpu/heap_free"}
+    plot.set_scope(None)
+    click_legend_entry(qtbot, plot, "rank 1")
+    assert "rank1/cpu/rss" in plot.visible_keys() and "rank1/cpu/uss" not in plot.visible_keys()
+
+    # A new run starts with a legend of its own.
+    plot.clear_data()
+    assert not plot.legend.items and not plot.job_legend.processes
+
+
+def test_a_jobs_legend_grows_by_one_entry_a_rank(qtbot):
+    sizes = [len(job_plot(qtbot, ranks).legend.items) for ranks in (2, 8)]
+    assert sizes == [2 + 1 + 5, 8 + 1 + 5]  # against 2*5+1 = 11 and 8*5+1 = 41 traces
+
+
 def test_a_stale_reading_is_never_shown_as_now(qtbot, window):
     """USS is read every 2 s: after a burst its old reading must not pass for "now"."""
     from torchmem.events import RunFinished, RunStarted, RunStatus

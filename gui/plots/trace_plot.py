@@ -14,6 +14,7 @@ from PySide6.QtGui import QColor, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import QGraphicsItem, QWidget
 
 from torchmem.gui.bridge import SessionBridge
+from torchmem.gui.plots.job_legend import JobLegend
 from torchmem.gui.plots.plot_markers import MarkerLines
 from torchmem.gui.theme import follow_palette
 from torchmem.gui.view_state import WINDOWS, ViewState
@@ -104,6 +105,10 @@ class TracePlot(pg.GraphicsLayoutWidget):
         # hide or show that trace.
         self.legend = pg.LegendItem(colCount=LEGEND_COLUMNS, labelTextSize="9pt", horSpacing=18)
         self.addItem(self.legend, row=0, col=0)
+        # A job's traces are listed by process and by metric, not one by one.
+        self.job_legend = JobLegend(
+            self.legend, self._apply_job_legend, series_color, DASHED, HIDDEN_BY_DEFAULT
+        )
         self.readout = pg.LabelItem(
             "Hover over the traces to read every value", justify="left", size="9pt"
         )
@@ -229,9 +234,24 @@ class TracePlot(pg.GraphicsLayoutWidget):
         """Show only the series of one rank (or the total); ``None`` shows every rank."""
         self.scope = scope
         for key, curve in self._curves.items():
-            name = self.session.name(key)
-            curve.setVisible(name.shown_in(scope) and name.metric not in HIDDEN_BY_DEFAULT)
+            curve.setVisible(self._shown(self.session.name(key)))
         self.refresh(force=True)
+
+    def _shown(self, name: SeriesName) -> bool:
+        """Whether ``name``'s trace is drawn in the chosen scope: a job's when its
+        process and its metric are switched on in the legend, a run's when its metric is
+        not one of those hidden until asked for."""
+        if not name.shown_in(self.scope):
+            return False
+        return self.job_legend.shows(name) if name.scope else name.metric not in HIDDEN_BY_DEFAULT
+
+    def _apply_job_legend(self) -> None:
+        """A process or a metric was switched in the legend: show or hide its traces."""
+        for key, curve in self._curves.items():
+            name = self.session.name(key)
+            if name.scope:
+                curve.setVisible(self._shown(name))
+        self.refresh(force=True)  # the unit follows what is shown
 
     def curve_keys(self) -> list[str]:
         """Series that have a curve."""
@@ -252,6 +272,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
                     label.deleteLater()
             self.plots[plot_group(self.session.name(key))].removeItem(curve)
             curve.deleteLater()
+        self.job_legend.clear()
         self._curves.clear()
         self._xy.clear()
         self._drawn.clear()
@@ -305,11 +326,13 @@ class TracePlot(pg.GraphicsLayoutWidget):
                 )  # fmt: skip
             else:
                 curve = plot.plot([], [], pen=pen, name=label, skipFiniteCheck=True)
-            self.legend.addItem(curve, label)
+            if name.scope:
+                self.job_legend.add(name)
+            else:
+                self.legend.addItem(curve, label)
             self._fit_legend()
             curve.setToolTip(METRICS[metric].tooltip if metric in METRICS else key)
-            if metric in HIDDEN_BY_DEFAULT or not name.shown_in(self.scope):
-                curve.setVisible(False)
+            curve.setVisible(self._shown(name))
             plot.setVisible(True)
             self._curves[key] = curve
         return curve
