@@ -16,7 +16,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 
-from torchmem.series import METRICS, SeriesName, is_node_scope, scope_label
+from torchmem.series import METRICS, SeriesName, scope_label, scope_order
 
 #: The shade a metric's entry is drawn in: every process draws it in its own colour.
 METRIC_SAMPLE_COLOR = "#7f7f7f"
@@ -95,11 +95,13 @@ class JobLegend:
 
     def _relist(self) -> None:
         """Every entry again, processes first (ranks in order, the total last), then the
-        metrics in METRICS' order: entries arrive as their traces do, interleaved."""
+        metrics in METRICS' order: entries arrive as their traces do, interleaved (a
+        relisted item gets a new sample and label; the stand-ins, and so the switches,
+        stay)."""
         for item in (*self.processes.values(), *self.metrics.values()):
             self.legend.removeItem(item)
         order = list(METRICS)
-        for scope in sorted(self.processes, key=_process_order):
+        for scope in sorted(self.processes, key=scope_order):
             self._list(self.processes[scope], scope_label(scope),
                        f"{scope_label(scope)}: click to hide or show all its traces")  # fmt: skip
         for metric in sorted(self.metrics, key=lambda m: (order.index(m) if m in order else 99, m)):
@@ -113,14 +115,3 @@ class JobLegend:
         sample, text = self.legend.items[-1]
         sample.setToolTip(tooltip)
         text.setToolTip(tooltip)
-
-
-def _process_order(scope: str) -> tuple[int, int, str]:
-    """Ranks by number, then processes without a rank, then machines' sums, the total
-    last."""
-    name = SeriesName(scope, "cpu", "rss")
-    if name.is_total:
-        return (3, 0, scope)
-    if is_node_scope(scope):
-        return (2, 0, scope)
-    return (0 if name.is_rank else 1, name.index, scope)
