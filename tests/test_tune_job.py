@@ -228,3 +228,35 @@ def test_a_job_that_fails_at_exit_after_every_rank_measured_its_steps_still_coun
     short = [ranks[0], {**ranks[1], "steps": 2}]
     summary["ranks"] = short
     assert not measured_trial(plan, 1, 1, 820 * MiB, None, summary, "", 8.9).ok
+
+
+def test_a_job_whose_script_is_missing_says_so_before_its_exit_code():
+    stderr = (
+        "/usr/bin/python: can't open file '/work/nosuch.py': [Errno 2] No such file or directory\n"
+        "E1207 23:12:14.091000 18290 api.py:1002] failed (exitcode: 2) local_rank: 0 (pid: 18)\n"
+        "torchmem: torchrun… exited with code 1 after 1.8 s; 0 processes with torch\n"
+    )
+    trial = failed_job_trial(stderr, 1.8)
+    assert trial.message.startswith("/usr/bin/python: can't open file '/work/nosuch.py'")
+    assert "(the job exited with code 1)" in trial.message
+
+
+def test_the_rank_a_signal_ended_comes_before_the_rank_that_lost_its_peer():
+    """Rank 1 was aborted; rank 0 then failed reading from it and reported that. The
+    cause is rank 1, which torchrun's report names as its root cause."""
+    stderr = (
+        "[rank0]: RuntimeError: [pair.cc:537] Read error: Connection reset by peer\n"
+        "E1207 23:12:14.091000 18290 api.py:1002] failed (exitcode: -6) local_rank: 1 (pid: 18)\n"
+        "Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 17)\n"
+        "Root Cause (first observed failure):\n[0]:\n"
+        "  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 18)  (SIGABRT)\n"
+    )
+    plan = TrialPlan("torchrun", ("train.py",), "--batch-size", budget_bytes=1 << 30, job=True)
+    lost = "raised RuntimeError: Connection reset by peer"
+    summary = {"ranks": [rank(0, "failed", lost), {**rank(1), "run_status": None}],
+               "status": "failed", "message": f"rank 0: {lost}"}  # fmt: skip
+    trial = measured_trial(plan, 4, 1, 1 << 28, None, summary, stderr, 5.0)
+    assert trial.message.startswith("rank 1 was ended by SIGABRT; then rank 0: raised")
+    # The rank that failed on its own is named alone.
+    own = {**summary, "message": "rank 1: raised ValueError: bad shape"}
+    assert measured_trial(plan, 4, 1, 1 << 28, None, own, stderr, 5.0).message == own["message"]

@@ -418,7 +418,7 @@ def measured_trial(
         # (a rank's teardown), not the batch.
         after_measuring = (
             f"every rank made its {plan.steps + 1} steps, then the job exited with code "
-            f"{code}{_in_brackets(_launcher_cause(stderr.splitlines())[:200])}: a failure at "
+            f"{code}{_in_brackets(_job_cause(stderr.splitlines())[:200])}: a failure at "
             "exit, after the measurement; the trial counts"
         )
     elif code != 0:
@@ -511,14 +511,29 @@ def _failure(plan: TrialPlan, code: int, summary: dict[str, Any], stderr: str) -
         return f"the trial was killed by {signal_name(code)}"
     message = str(summary.get("message") or "").strip()
     lines = stderr.strip().splitlines()
-    tail = lines[-1] if lines else ""
-    if plan.job and not message:
-        # No rank reported a failure: the launcher did. Its error line says what, where
-        # torchmem's own summary line (the tail) only says "exited with code 1".
-        cause = _launcher_cause(lines)
-        if cause:
-            return f"{tail} ({cause[:300]})" if tail else cause[:300]
-    return message or tail or f"exit code {code}"
+    if plan.job:
+        return _job_failure(code, message, lines)
+    return message or (lines[-1] if lines else f"exit code {code}")
+
+
+def _job_failure(code: int, message: str, lines: list[str]) -> str:
+    """Why a job trial failed, the cause first: a rank that a signal ended reports
+    nothing itself (the rank that then lost its peer does, and is not the cause); with no
+    rank's report, the launcher's error line, where torchmem's own closing line only says
+    "exited with code 1"."""
+    ended = _rank_exit(lines)
+    if message:
+        signalled = "was ended by" in ended and not message.startswith(ended.split(" was")[0])
+        return f"{ended}; then {message}" if signalled else message
+    cause = _job_cause(lines)
+    return f"{cause[:300]} (the job exited with code {code})" if cause else f"exit code {code}"
+
+
+def _job_cause(lines: list[str]) -> str:
+    """The rank a signal ended, if torchrun saw one first (the others' errors follow
+    from it), else the launcher's error line."""
+    ended = _rank_exit(lines)
+    return ended if "was ended by" in ended else _launcher_cause(lines)
 
 
 #: Lines of torchrun's failure report that name no cause: a CI failure said only
@@ -532,13 +547,17 @@ _FRAME_LINE = re.compile(r'^(\[rank\d+\]:\s*)?File "')
 #: ``exitcode : -6 (pid: 4242)``, or its log's ``failed (exitcode: -6) local_rank: 1``.
 _REPORT_RANK = re.compile(r"^rank\s*:\s*(\d+)")
 _REPORT_EXIT = re.compile(r"^exitcode\s*:\s*(-?\d+)")
+#: A line that says what went wrong without an exception: ``python: can't open file
+#: '/work/train.py': [Errno 2] No such file or directory`` (a mistyped script).
+_ERROR_WORDS = re.compile(r"error|errno|can't open file", re.IGNORECASE)
 _LOG_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
 
 def _launcher_cause(lines: list[str]) -> str:
     """Why a job failed, from its ``stderr``: a rank's (or the launcher's) last exception
-    line or C++ ``what():``; else the rank and exit code torchrun reported (a rank that a
-    signal ended prints no exception); else the last line that mentions an error.
+    line or C++ ``what():``; else the last line that mentions an error (``can't open
+    file ... No such file or directory``); else the rank and exit code torchrun reported
+    (a rank that a signal ended prints nothing).
     torchmem's own lines, torchrun's report boilerplate and traceback frames are never
     causes."""
     candidates = [
@@ -548,19 +567,18 @@ def _launcher_cause(lines: list[str]) -> str:
     ]
     candidates = [line for line in candidates if not _FRAME_LINE.match(line)]
     exceptions = [line for line in candidates if _EXCEPTION_LINE.match(line)]
-    if exceptions:
-        return exceptions[-1]
-    exited = _rank_exit(candidates)
-    if exited:
-        return exited
-    errors = [line for line in candidates if "error" in line.lower()]
-    return errors[-1] if errors else ""
+    errors = exceptions or [line for line in candidates if _ERROR_WORDS.search(line)]
+    return errors[-1] if errors else _rank_exit(candidates)
 
 
 def _rank_exit(lines: list[str]) -> str:
-    """``rank 1 exited with code -6 (SIGABRT)`` from torchrun's report or log, else ""."""
+    """``rank 1 was ended by SIGABRT`` from torchrun's report (its root cause: the first
+    failure it saw, where the ranks it then stopped are listed before it) or its log,
+    else ""."""
+    lines = [line.strip() for line in lines]
+    root = next((i for i, line in enumerate(lines) if line.startswith("Root Cause")), 0)
     rank = None
-    for line in lines:
+    for line in lines[root:]:
         if m := _REPORT_RANK.match(line):
             rank = m.group(1)
         elif m := _REPORT_EXIT.match(line):
