@@ -521,19 +521,25 @@ def _job_failure(code: int, message: str, lines: list[str]) -> str:
     nothing itself (the rank that then lost its peer does, and is not the cause); with no
     rank's report, the launcher's error line, where torchmem's own closing line only says
     "exited with code 1"."""
-    ended = _rank_exit(lines)
     if message:
-        signalled = "was ended by" in ended and not message.startswith(ended.split(" was")[0])
-        return f"{ended}; then {message}" if signalled else message
+        signalled = _signalled_rank(lines)
+        if signalled and not message.startswith(f"{signalled.rpartition(' was ')[0]}:"):
+            return f"{signalled}; then {message}"
+        return message
     cause = _job_cause(lines)
     return f"{cause[:300]} (the job exited with code {code})" if cause else f"exit code {code}"
 
 
 def _job_cause(lines: list[str]) -> str:
-    """The rank a signal ended, if torchrun saw one first (the others' errors follow
+    """The rank a signal ended, if torchrun saw that first (the others' errors follow
     from it), else the launcher's error line."""
+    return _signalled_rank(lines) or _launcher_cause(lines)
+
+
+def _signalled_rank(lines: list[str]) -> str:
+    """``rank 1 was ended by SIGABRT`` when torchrun's first failure was a signal."""
     ended = _rank_exit(lines)
-    return ended if "was ended by" in ended else _launcher_cause(lines)
+    return _exit_words(*ended) if ended is not None and ended[1] < 0 else ""
 
 
 #: Lines of torchrun's failure report that name no cause: a CI failure said only
@@ -568,13 +574,15 @@ def _launcher_cause(lines: list[str]) -> str:
     candidates = [line for line in candidates if not _FRAME_LINE.match(line)]
     exceptions = [line for line in candidates if _EXCEPTION_LINE.match(line)]
     errors = exceptions or [line for line in candidates if _ERROR_WORDS.search(line)]
-    return errors[-1] if errors else _rank_exit(candidates)
+    if errors:
+        return errors[-1]
+    ended = _rank_exit(candidates)
+    return _exit_words(*ended) if ended is not None else ""
 
 
-def _rank_exit(lines: list[str]) -> str:
-    """``rank 1 was ended by SIGABRT`` from torchrun's report (its root cause: the first
-    failure it saw, where the ranks it then stopped are listed before it) or its log,
-    else ""."""
+def _rank_exit(lines: list[str]) -> tuple[str | None, int] | None:
+    """The rank and exit code of torchrun's root cause (the first failure it saw; the
+    ranks it then stopped are listed before it), or of its log's failure line."""
     lines = [line.strip() for line in lines]
     root = next((i for i, line in enumerate(lines) if line.startswith("Root Cause")), 0)
     rank = None
@@ -582,13 +590,14 @@ def _rank_exit(lines: list[str]) -> str:
         if m := _REPORT_RANK.match(line):
             rank = m.group(1)
         elif m := _REPORT_EXIT.match(line):
-            return _exit_words(rank, int(m.group(1)))
+            return rank, int(m.group(1))
         elif m := _LOG_EXIT.search(line):
-            return _exit_words(m.group(2), int(m.group(1)))
-    return ""
+            return m.group(2), int(m.group(1))
+    return None
 
 
 def _exit_words(rank: str | None, code: int) -> str:
+    """``rank 1 was ended by SIGABRT``, ``rank 0 exited with code 2``."""
     who = f"rank {rank}" if rank is not None else "a rank"
     how = f"was ended by {signal_name(code)}" if code < 0 else f"exited with code {code}"
     return f"{who} {how}"

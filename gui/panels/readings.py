@@ -9,7 +9,7 @@ from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
 from torchmem.gui.bridge import SessionBridge
-from torchmem.gui.plots.trace_plot import series_color
+from torchmem.gui.plots.series_style import series_color
 from torchmem.gui.view_state import ViewState
 from torchmem.series import KERNEL_PEAK, METRICS
 from torchmem.session import Session

@@ -10,31 +10,19 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, Signal, Slot
-from PySide6.QtGui import QColor, QPalette, QPen, QResizeEvent
+from PySide6.QtGui import QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import QGraphicsItem, QWidget
 
 from torchmem.gui.bridge import SessionBridge
 from torchmem.gui.plots.job_legend import JobLegend
 from torchmem.gui.plots.plot_markers import MarkerLines
+from torchmem.gui.plots.series_style import HIDDEN_BY_DEFAULT, curve_style, series_color
 from torchmem.gui.theme import follow_palette
 from torchmem.gui.view_state import WINDOWS, ViewState
 from torchmem.series import METRICS, SeriesName
 from torchmem.session import Session
 from torchmem.units import UNITS, auto_unit, format_bytes
 
-COLORS = {
-    "allocated": "#1f77b4",
-    "reserved": "#ff7f0e",
-    "peak_allocated": "#d62728",
-    "nvml_used": "#9467bd",
-    "rss": "#2ca02c",
-    "uss": "#17becf",
-    "available": "#8c8c8c",
-    "heap_free": "#8c564b",
-    "children": "#bc5090",
-}
-DASHED = {"peak_allocated", "available", "heap_free"}
-HIDDEN_BY_DEFAULT = {"available", "heap_free", "rss_peak"}
 MAX_STEP_TICKS = 400
 #: The legend's columns when the width allows (fewer in a narrow window).
 LEGEND_COLUMNS = 4
@@ -43,34 +31,6 @@ LEGEND_COLUMNS = 4
 #: (9 frames/s) against 40-70 ms at 1 px (benchmarks/gui_speed.py). A dense trace looks
 #: the same thin; a sparse one keeps its weight.
 DENSE_POINTS = 1500
-
-
-#: One colour per rank of a job (metrics of a rank differ by line style and shade).
-RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-               "#e377c2", "#17becf")  # fmt: skip
-#: Processes of a job without a rank (an mp.spawn script's own process, a spawned helper):
-#: colours no rank has, so that ``pid 4242`` never looks like ``rank 2``.
-PROCESS_COLORS = ("#bcbd22", "#7b4173", "#637939", "#843c39", "#393b79", "#8c6d31")
-TOTAL_COLOR = "#404040"
-
-
-def series_color(name: SeriesName) -> QColor:
-    """A stable colour per metric (per rank in a job); further devices of one kind get
-    darker shades."""
-    if name.is_total:
-        color = QColor(TOTAL_COLOR)
-    elif name.is_node:  # a machine's total: a grey of its own, lighter than the job's
-        color = QColor(TOTAL_COLOR).lighter(150 + 40 * (sum(map(ord, name.scope)) % 4))
-    elif name.scope:
-        palette = RANK_COLORS if name.is_rank else PROCESS_COLORS
-        color = QColor(palette[name.index % len(palette)])
-        if name.metric in ("reserved", "uss", "nvml_used"):
-            color = color.lighter(140)
-    else:
-        color = QColor(COLORS.get(name.metric, "#7f7f7f"))
-    number = name.device.rpartition(":")[2]
-    index = int(number) if number.isdigit() else 0
-    return color.darker(100 + 35 * index) if index and not name.scope else color
 
 
 def plot_group(name: SeriesName) -> str:
@@ -106,9 +66,7 @@ class TracePlot(pg.GraphicsLayoutWidget):
         self.legend = pg.LegendItem(colCount=LEGEND_COLUMNS, labelTextSize="9pt", horSpacing=18)
         self.addItem(self.legend, row=0, col=0)
         # A job's traces are listed by process and by metric, not one by one.
-        self.job_legend = JobLegend(
-            self.legend, self._apply_job_legend, series_color, DASHED, HIDDEN_BY_DEFAULT
-        )
+        self.job_legend = JobLegend(self.legend, self._apply_job_legend)
         self.readout = pg.LabelItem(
             "Hover over the traces to read every value", justify="left", size="9pt"
         )
@@ -312,20 +270,10 @@ class TracePlot(pg.GraphicsLayoutWidget):
         if curve is None:
             name = self.session.name(key)
             metric, label = name.metric, name.label
-            pen = pg.mkPen(series_color(name), width=2)
-            if metric in DASHED:
-                pen.setStyle(Qt.DashLine)
             plot = self.plots[plot_group(name)]
-            if name.sparse:
-                # Read every few seconds (USS): a dot per reading. A line between readings
-                # would invent the values in between (a ramp down from a burst long gone).
-                curve = plot.plot(
-                    [], [], pen=None, symbol="o", symbolSize=5, symbolPen=None,
-                    symbolBrush=series_color(name), name=label,
-                    skipFiniteCheck=True,
-                )  # fmt: skip
-            else:
-                curve = plot.plot([], [], pen=pen, name=label, skipFiniteCheck=True)
+            curve = plot.plot(
+                [], [], name=label, skipFiniteCheck=True, **curve_style(name, series_color(name))
+            )
             if name.scope:
                 self.job_legend.add(name)
             else:
